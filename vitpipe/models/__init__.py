@@ -1,0 +1,4 @@
+from vitpipe.models.registry import VARIANTS, create_model, list_models
+from vitpipe.models.vit import ViT
+
+__all__ = ["VARIANTS", "ViT", "create_model", "list_models"]

@@ -1,0 +1,57 @@
+"""Named variants: a table of dimensions (big_vision ``decode_variant``, timm's registry).
+
+``create_model("vit_b16", num_classes=10, pos_embed="sincos2d")`` builds a ViT-B/16 with those
+overrides. Dimensions follow timm/the ViT paper; the ``*4`` variants use 4-px patches for
+28-32 px images (CIFAR, Fashion-MNIST), where 16-px patches would leave a 2x2 grid.
+"""
+
+from __future__ import annotations
+
+from vitpipe.models.vit import ViT
+
+VARIANTS: dict[str, dict] = {
+    # CPU-sized: the embedded default and the tests
+    "vit_micro": dict(dim=64, depth=4, num_heads=4, patch_size=4, img_size=32),
+    # small images (28-32 px)
+    "vit_ti4": dict(dim=192, depth=12, num_heads=3, patch_size=4, img_size=32),
+    "vit_s4": dict(dim=384, depth=12, num_heads=6, patch_size=4, img_size=32),
+    # ImageNet sizes (timm's vit_{tiny,small,base,large}_patch16_224, vit_huge_patch14_224)
+    "vit_ti16": dict(dim=192, depth=12, num_heads=3, patch_size=16, img_size=224),
+    "vit_s16": dict(dim=384, depth=12, num_heads=6, patch_size=16, img_size=224),
+    "vit_b16": dict(dim=768, depth=12, num_heads=12, patch_size=16, img_size=224),
+    "vit_l16": dict(dim=1024, depth=24, num_heads=16, patch_size=16, img_size=224),
+    "vit_h14": dict(dim=1280, depth=32, num_heads=16, patch_size=14, img_size=224),
+}
+
+# the timm model whose pretrained weights fit each variant (``pretrained=True``)
+TIMM_NAMES = {
+    "vit_ti16": "vit_tiny_patch16_224.augreg_in21k_ft_in1k",
+    "vit_s16": "vit_small_patch16_224.augreg_in21k_ft_in1k",
+    "vit_b16": "vit_base_patch16_224.augreg2_in21k_ft_in1k",
+    "vit_l16": "vit_large_patch16_224.augreg_in21k_ft_in1k",
+    "vit_h14": "vit_huge_patch14_224.orig_in21k",
+}
+
+
+def list_models() -> list[str]:
+    return list(VARIANTS)
+
+
+def create_model(name: str, *, pretrained: bool | str | None = None, **overrides) -> ViT:
+    """Build variant ``name`` with keyword overrides (any ``ViT`` argument).
+
+    pretrained: ``True`` loads the variant's timm weights; a string is a timm model name or a path
+    to a ``.safetensors``/``.pth`` file (or a vitpipe Lightning checkpoint). Heads whose class
+    count differs are re-initialised; positional tables are resampled to the new grid.
+    """
+    if name not in VARIANTS:
+        raise ValueError(f"unknown model name={name!r}; valid choices: {', '.join(VARIANTS)}")
+    model = ViT(**{**VARIANTS[name], **overrides})
+    if pretrained:
+        from vitpipe.models.timm_compat import load_pretrained
+
+        source = TIMM_NAMES.get(name) if pretrained is True else pretrained
+        if source is None:
+            raise ValueError(f"no timm weights are known for {name!r}; pass pretrained=<timm name or file path>")
+        load_pretrained(model, source)
+    return model

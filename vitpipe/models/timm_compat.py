@@ -1,0 +1,193 @@
+"""timm <-> vitpipe: build from a timm ``VisionTransformer``, load timm or file weights.
+
+Block and head parameter names are timm's, so conversion is one rename (``pos_embed`` ->
+``pos_embed.weight``) plus the adaptations any checkpoint move needs: positions resampled to
+the new grid, a head with another class count left freshly initialised. Weight files are read
+with safetensors or ``torch.load(weights_only=True)``: loading never executes pickled code.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from vitpipe.errors import ConfigError
+from vitpipe.models.vit import ViT
+from vitpipe.nn.pos_embed import LearnedPosEmbed, resample_grid
+
+log = logging.getLogger(__name__)
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
+
+
+def vit_kwargs_from_timm(tm: nn.Module) -> dict:
+    """ViT constructor kwargs equivalent to a timm ``VisionTransformer``; ValueError for features
+    vitpipe does not have (attention pooling, pre-norm, ...)."""
+    from timm.layers import LayerScale
+
+    unsupported = [
+        name for name, on in [
+            ("global_pool=" + repr(tm.global_pool), tm.global_pool not in ("token", "avg")),
+            ("pre_norm", not isinstance(tm.norm_pre, nn.Identity)),
+            ("final_norm=False", tm.global_pool == "token" and isinstance(tm.norm, nn.Identity)),
+            ("fc_norm", tm.global_pool == "token" and not isinstance(tm.fc_norm, nn.Identity)),
+            ("proj_bias=False", tm.blocks[0].attn.proj.bias is None),
+        ] if on
+    ]
+    if unsupported:
+        raise ValueError(f"timm model uses features vitpipe's ViT does not have: {', '.join(unsupported)}")
+    blk = tm.blocks[0]
+    dim = tm.embed_dim
+    return dict(
+        img_size=tuple(tm.patch_embed.img_size),
+        patch_size=tuple(tm.patch_embed.patch_size),
+        in_chans=tm.patch_embed.proj.in_channels,
+        num_classes=tm.num_classes,
+        dim=dim,
+        depth=len(tm.blocks),
+        num_heads=blk.attn.num_heads,
+        mlp_ratio=blk.mlp.fc1.out_features / dim,
+        qkv_bias=blk.attn.qkv.bias is not None,
+        qk_norm=not isinstance(blk.attn.q_norm, nn.Identity),
+        pos_embed="none" if tm.pos_embed is None else "learned",
+        class_token=tm.cls_token is not None,
+        reg_tokens=tm.num_reg_tokens,
+        pool="cls" if tm.global_pool == "token" else "mean",
+        init_values=1.0 if isinstance(blk.ls1, LayerScale) else None,  # the value itself is loaded
+    )
+
+
+def from_timm(tm: nn.Module) -> ViT:
+    """A vitpipe ViT with the architecture and weights of a timm ``VisionTransformer``."""
+    model = ViT(**vit_kwargs_from_timm(tm))
+    sd = timm_to_vitpipe(tm.state_dict(), num_prefix_tokens=0 if tm.no_embed_class else tm.num_prefix_tokens,
+                         model=model)
+    model.load_state_dict(sd)
+    return model.train(tm.training)
+
+
+def timm_to_vitpipe(sd: dict[str, Tensor], *, num_prefix_tokens: int, model: ViT) -> dict[str, Tensor]:
+    """Rename timm keys; give prefix tokens zero positions when the source had none
+    (``no_embed_class=True``: DeiT-III, big_vision)."""
+    sd = dict(sd)
+    if "pos_embed" in sd:
+        pe = sd.pop("pos_embed")
+        missing = model.num_prefix_tokens - num_prefix_tokens
+        if missing > 0:
+            pe = torch.cat([pe.new_zeros(1, missing, pe.shape[-1]), pe], dim=1)
+        sd["pos_embed.weight"] = pe
+    return sd
+
+
+def vitpipe_to_timm(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The inverse rename, for exporting to timm (learned positions only)."""
+    sd = dict(sd)
+    if "pos_embed.weight" in sd:
+        sd["pos_embed"] = sd.pop("pos_embed.weight")
+    return sd
+
+
+def read_state_dict(path: str | Path) -> dict[str, Tensor]:
+    """Tensors of a weight file: safetensors, a plain state_dict, or a vitpipe Lightning
+    checkpoint (``state_dict`` with ``net.`` keys). Never unpickles arbitrary objects."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"weights file {str(path)!r} does not exist; pass an existing .safetensors/.pth/.ckpt path")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # corrupt file, or a pickle that needs code to run
+        raise ConfigError(f"cannot read weights file {str(path)!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+    for key in ("state_dict", "model", "module"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
+        raise ConfigError(f"weights file {str(path)!r} holds no state_dict of tensors")
+    if any(k.startswith("net.") for k in obj):  # a vitpipe Lightning checkpoint
+        obj = {k[4:]: v for k, v in obj.items() if k.startswith("net.")}
+    return obj
+
+
+def _timm_hub_state_dict(name: str) -> tuple[dict[str, Tensor], int]:
+    import timm
+
+    if not timm.is_model(name.split(".")[0]):
+        raise ConfigError(f"pretrained={name!r} is neither an existing weights file nor a timm model name")
+    try:
+        tm = timm.create_model(name, pretrained=True)
+    except Exception as e:
+        raise ConfigError(
+            f"could not fetch timm weights {name!r} ({type(e).__name__}; offline?). Download the model's "
+            f".safetensors on a connected machine and pass pretrained=/path/to/model.safetensors"
+        ) from e
+    return tm.state_dict(), (0 if tm.no_embed_class else tm.num_prefix_tokens)
+
+
+def load_pretrained(model: ViT, source: str | Path) -> ViT:
+    """Load weights from a file or a timm model name into ``model``, adapting positions and head."""
+    src = str(source)
+    if src.endswith(WEIGHT_SUFFIXES) or Path(src).exists():
+        sd = read_state_dict(src)
+        prefix_rows = _prefix_rows(sd, model)
+    else:
+        sd, prefix_rows = _timm_hub_state_dict(src)
+    sd = timm_to_vitpipe(sd, num_prefix_tokens=prefix_rows, model=model)
+
+    if "pos_embed.weight" in sd:
+        if isinstance(model.pos_embed, LearnedPosEmbed):
+            pe, P = sd["pos_embed.weight"], model.num_prefix_tokens
+            old = _grid_of(pe.shape[1] - P, model)
+            sd["pos_embed.weight"] = torch.cat([pe[:, :P], resample_grid(pe[:, P:], old, model.grid_size)], dim=1)
+        else:
+            log.warning("pretrained: source has a learned position table; this model's pos_embed is %s, table dropped",
+                        type(model.pos_embed).__name__)
+            sd.pop("pos_embed.weight")
+    head = {k for k in sd if k.startswith("head.")}
+    own = model.state_dict()
+    if any(k in own and sd[k].shape != own[k].shape for k in head) or not model.num_classes:
+        log.info("pretrained: head left freshly initialised (class count differs)")
+        for k in head:
+            sd.pop(k)
+    bad = {k: (tuple(v.shape), tuple(own[k].shape)) for k, v in sd.items() if k in own and v.shape != own[k].shape}
+    missing, unexpected = model.load_state_dict({k: v for k, v in sd.items() if k not in bad}, strict=False)
+    missing = [k for k in missing if not k.startswith("head.")]
+    if bad or missing or unexpected:
+        raise ConfigError(
+            f"weights {src!r} do not fit this model: shape mismatches {bad or '{}'}, missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}; choose the model variant the weights were trained with"
+        )
+    return model
+
+
+def _prefix_rows(sd: dict[str, Tensor], model: ViT) -> int:
+    """How many prefix-token rows a file's position table carries (timm files: 0 or P)."""
+    pe = sd.get("pos_embed", sd.get("pos_embed.weight"))
+    if pe is None:
+        return model.num_prefix_tokens
+    n = pe.shape[1]
+    return model.num_prefix_tokens if _is_grid(n - model.num_prefix_tokens, model) else 0
+
+
+def _is_grid(n: int, model: ViT) -> bool:
+    try:
+        _grid_of(n, model)
+        return True
+    except ConfigError:
+        return False
+
+
+def _grid_of(n: int, model: ViT) -> tuple[int, int]:
+    """The grid a stored table of ``n`` patch rows was trained on: this model's grid, or a square."""
+    h, w = model.grid_size
+    if n == h * w:
+        return h, w
+    side = int(round(n**0.5))
+    if side * side == n:
+        return side, side
+    raise ConfigError(f"position table with {n} patch rows matches neither the grid {h}x{w} nor a square grid")

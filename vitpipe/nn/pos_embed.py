@@ -1,0 +1,175 @@
+"""Positional encodings: pure functions first, thin modules on top (MAE ``util/pos_embed.py``).
+
+Every module maps tokens (B, P + h*w, dim) -> same shape, where the first P are prefix tokens
+(class token, registers) and the rest are patches in row-major order, for *any* grid (h, w):
+learned tables are resampled bicubically, fixed ones recomputed. So a checkpoint trained at
+224 px evaluates at 384 px. Fixed tables are non-persistent buffers; learned ones parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitpipe.nn.rope import rope_2d
+
+POS_EMBED_KINDS = ("none", "learned", "sincos1d", "sincos2d", "learned2d", "rope2d")
+
+
+def sincos_1d(positions: Tensor | int, dim: int, *, temperature: float = 10000.0) -> Tensor:
+    """Sinusoidal table of "Attention Is All You Need" (Vaswani et al. 2017, section 3.5).
+
+    PE(pos, 2i) = sin(pos / T^(2i/dim)), PE(pos, 2i+1) = cos(pos / T^(2i/dim)): interleaved.
+    positions: an int n (positions 0..n-1) or a float tensor (L,). Returns (L, dim) float32.
+    """
+    if dim % 2 != 0:
+        raise ValueError(f"sincos_1d needs an even dim, got dim={dim}")
+    if isinstance(positions, int):
+        positions = torch.arange(positions)
+    pos = positions.to(torch.float64)
+    inv_freq = temperature ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,) = T^(-2i/dim)
+    angles = pos[:, None] * inv_freq[None, :]  # (L, dim/2)
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1).float()  # (L, dim), sin/cos interleaved
+
+
+def sincos_2d(h: int, w: int, dim: int, *, temperature: float = 10000.0) -> Tensor:
+    """Factorized 2D sinusoid (MAE; Chen et al. 2021 MoCo v3): first dim/2 channels encode the row,
+    the last dim/2 the column. Returns (h*w, dim) in row-major token order."""
+    if dim % 4 != 0:
+        raise ValueError(f"sincos2d needs dim divisible by 4 (two axes x sin/cos), got dim={dim}")
+    rows = sincos_1d(h, dim // 2, temperature=temperature)  # (h, dim/2)
+    cols = sincos_1d(w, dim // 2, temperature=temperature)  # (w, dim/2)
+    return torch.cat([rows[:, None, :].expand(h, w, -1), cols[None, :, :].expand(h, w, -1)], dim=-1).reshape(h * w, dim)
+
+
+def resample_grid(table: Tensor, old: tuple[int, int], new: tuple[int, int]) -> Tensor:
+    """Bicubic resampling of a per-patch table (..., H*W, D) from grid `old` to grid `new` (timm's
+    ``resample_abs_pos_embed``; antialias when shrinking)."""
+    if tuple(old) == tuple(new):
+        return table
+    lead, D = table.shape[:-2], table.shape[-1]
+    grid = table.reshape(-1, old[0], old[1], D).permute(0, 3, 1, 2).float()  # (B', D, H, W)
+    grid = F.interpolate(grid, size=new, mode="bicubic", align_corners=False, antialias=True)
+    return grid.permute(0, 2, 3, 1).reshape(*lead, new[0] * new[1], D).to(table.dtype)
+
+
+class NoPosEmbed(nn.Module):
+    """No positions: the encoder is permutation-equivariant over patch tokens."""
+
+    def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        return x
+
+
+class LearnedPosEmbed(nn.Module):
+    """Learned 1D table over the flattened tokens (ViT, Dosovitskiy et al. 2021).
+
+    Holds one row per prefix token too (timm's layout with ``no_embed_class=False``), so timm
+    weights map one to one. On another grid the patch rows are resampled as the 2D grid they are.
+    """
+
+    def __init__(self, dim: int, grid_size: tuple[int, int], num_prefix_tokens: int = 0) -> None:
+        super().__init__()
+        self.grid_size, self.num_prefix_tokens = tuple(grid_size), num_prefix_tokens
+        self.weight = nn.Parameter(torch.zeros(1, num_prefix_tokens + grid_size[0] * grid_size[1], dim))
+        nn.init.trunc_normal_(self.weight, std=0.02)
+
+    def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        P = self.num_prefix_tokens
+        patches = resample_grid(self.weight[:, P:], self.grid_size, grid_size)  # (1, h*w, dim)
+        return x + torch.cat([self.weight[:, :P], patches], dim=1)
+
+
+class SinCos1DPosEmbed(nn.Module):
+    """Fixed 1D sinusoid over the flattened patch sequence; prefix tokens get none."""
+
+    def __init__(self, dim: int, grid_size: tuple[int, int]) -> None:
+        super().__init__()
+        self.dim, self.grid_size = dim, tuple(grid_size)
+        self.register_buffer("table", sincos_1d(grid_size[0] * grid_size[1], dim)[None], persistent=False)
+
+    def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        table = self.table if tuple(grid_size) == self.grid_size else sincos_1d(grid_size[0] * grid_size[1], self.dim)[None]
+        return _add_to_patches(x, table.to(device=x.device, dtype=x.dtype))
+
+
+class SinCos2DPosEmbed(nn.Module):
+    """Fixed factorized 2D sinusoid; recomputed for a new grid."""
+
+    def __init__(self, dim: int, grid_size: tuple[int, int]) -> None:
+        super().__init__()
+        self.dim, self.grid_size = dim, tuple(grid_size)
+        self.register_buffer("table", sincos_2d(*grid_size, dim)[None], persistent=False)
+
+    def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        table = self.table if tuple(grid_size) == self.grid_size else sincos_2d(*grid_size, self.dim)[None]
+        return _add_to_patches(x, table.to(device=x.device, dtype=x.dtype))
+
+
+class Learned2DPosEmbed(nn.Module):
+    """Factorized learned table: pe[i, j] = row[i] + col[j] (h + w rows instead of h * w).
+
+    Additive rather than concatenated halves, so each axis can use every channel.
+    """
+
+    def __init__(self, dim: int, grid_size: tuple[int, int]) -> None:
+        super().__init__()
+        self.grid_size = tuple(grid_size)
+        self.row = nn.Parameter(torch.zeros(grid_size[0], dim))
+        self.col = nn.Parameter(torch.zeros(grid_size[1], dim))
+        nn.init.trunc_normal_(self.row, std=0.02)
+        nn.init.trunc_normal_(self.col, std=0.02)
+
+    @staticmethod
+    def _resample(axis: Tensor, n: int) -> Tensor:
+        if axis.shape[0] == n:
+            return axis
+        t = axis.T[None, :, :, None].float()  # (1, dim, L, 1): a 1-pixel-wide image for bicubic
+        t = F.interpolate(t, size=(n, 1), mode="bicubic", align_corners=False, antialias=n < axis.shape[0])
+        return t[0, :, :, 0].T.to(axis.dtype)  # (n, dim)
+
+    def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        h, w = grid_size
+        row, col = self._resample(self.row, h), self._resample(self.col, w)
+        table = (row[:, None, :] + col[None, :, :]).reshape(1, h * w, -1)  # (1, h*w, dim)
+        return _add_to_patches(x, table)
+
+
+class RoPE2D(nn.Module):
+    """2D rotary embedding: adds nothing to the tokens; attention rotates q and k with ``phases``."""
+
+    def __init__(self, head_dim: int, num_prefix_tokens: int = 0, base: float = 10000.0) -> None:
+        super().__init__()
+        rope_2d(1, 1, head_dim)  # validate head_dim now, not at the first forward
+        self.head_dim, self.num_prefix_tokens, self.base = head_dim, num_prefix_tokens, base
+
+    def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        return x
+
+    def phases(self, grid_size: tuple[int, int], device=None) -> tuple[Tensor, Tensor]:
+        return rope_2d(*grid_size, self.head_dim, base=self.base, num_prefix_tokens=self.num_prefix_tokens, device=device)
+
+
+def _add_to_patches(x: Tensor, table: Tensor) -> Tensor:
+    """Add a (1, h*w, dim) table to the patch tokens of x (B, P + h*w, dim), leaving prefixes."""
+    P = x.shape[1] - table.shape[1]
+    return torch.cat([x[:, :P], x[:, P:] + table], dim=1)
+
+
+def build_pos_embed(kind: str, *, dim: int, grid_size: tuple[int, int], num_heads: int,
+                    num_prefix_tokens: int = 0) -> nn.Module:
+    """The positional-encoding module for ``kind`` (one of ``POS_EMBED_KINDS``)."""
+    grid_size = tuple(grid_size)
+    if kind == "none":
+        return NoPosEmbed()
+    if kind == "learned":
+        return LearnedPosEmbed(dim, grid_size, num_prefix_tokens)
+    if kind == "sincos1d":
+        return SinCos1DPosEmbed(dim, grid_size)
+    if kind == "sincos2d":
+        return SinCos2DPosEmbed(dim, grid_size)
+    if kind == "learned2d":
+        return Learned2DPosEmbed(dim, grid_size)
+    if kind == "rope2d":
+        return RoPE2D(dim // num_heads, num_prefix_tokens)
+    raise ValueError(f"unknown pos_embed={kind!r}; valid choices: {', '.join(POS_EMBED_KINDS)}")

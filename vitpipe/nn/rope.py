@@ -1,0 +1,44 @@
+"""2D rotary position embedding (RoPE) for image tokens.
+
+Axial RoPE (Su et al. 2021, RoFormer; Heo et al. 2024, "Rotary Position Embedding for Vision
+Transformer"): the first half of each head's channels rotates with the patch row, the second half
+with the patch column. Rotating q and k makes their dot product depend on the *relative* offset,
+so a model runs on any grid without resampling anything: the phases are recomputed.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def rope_2d(h: int, w: int, head_dim: int, *, base: float = 10000.0, num_prefix_tokens: int = 0,
+            device=None, dtype=torch.float32) -> tuple[Tensor, Tensor]:
+    """Phases for an (h, w) patch grid, row-major like the token sequence.
+
+    Returns (cos, sin), each (num_prefix_tokens + h * w, head_dim). Prefix tokens (class token,
+    registers) get the identity rotation: they have no position.
+    """
+    if head_dim % 4 != 0:
+        raise ValueError(f"rope2d needs head_dim divisible by 4 (two axes x rotation pairs), got head_dim={head_dim}")
+    quarter = head_dim // 4
+    # theta_k = base^(-k / quarter): the RoFormer frequencies for one axis of width head_dim / 2
+    freqs = base ** (-torch.arange(quarter, device=device, dtype=torch.float64) / quarter)  # (quarter,)
+    rows = torch.arange(h, device=device, dtype=torch.float64).repeat_interleave(w)  # (h*w,) row of each token
+    cols = torch.arange(w, device=device, dtype=torch.float64).repeat(h)  # (h*w,) column of each token
+    angles = torch.cat([rows[:, None] * freqs, cols[:, None] * freqs], dim=1)  # (h*w, head_dim/2)
+    angles = angles.repeat_interleave(2, dim=1)  # (h*w, head_dim): both members of a pair share the angle
+    if num_prefix_tokens:
+        angles = torch.cat([angles.new_zeros(num_prefix_tokens, head_dim), angles])
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate_pairs(x: Tensor) -> Tensor:
+    """(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...): a quarter turn of each channel pair."""
+    x = x.unflatten(-1, (-1, 2))  # (..., head_dim/2, 2)
+    return torch.stack([-x[..., 1], x[..., 0]], dim=-1).flatten(-2)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x (B, heads, N, head_dim) by phases (N, head_dim)."""
+    return x * cos.to(x.dtype) + rotate_pairs(x) * sin.to(x.dtype)
