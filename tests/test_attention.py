@@ -1,0 +1,102 @@
+"""The attention core: fused vs explicit paths, causality, KV cache, masks, errors."""
+
+import pytest
+import torch
+
+from vitpipe.nn.attention import KVCache, MultiHeadAttention, causal_mask
+
+
+def _mha(dim=32, heads=4, **kw):
+    torch.manual_seed(0)
+    return MultiHeadAttention(dim, heads, **kw).eval()
+
+
+def _both_paths(m, x, **kw):
+    fused = m(x, **kw)
+    explicit, w = m(x, need_weights=True, **kw)
+    return fused, explicit, w
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_fused_equals_explicit_self(qk_norm):
+    m, x = _mha(qk_norm=qk_norm), torch.randn(3, 7, 32)
+    fused, explicit, w = _both_paths(m, x)
+    assert (fused - explicit).abs().max() < 1e-5
+    assert w.shape == (3, 4, 7, 7)
+    torch.testing.assert_close(w.sum(-1), torch.ones(3, 4, 7))
+
+
+@pytest.mark.parametrize("context_dim", [None, 48])
+def test_fused_equals_explicit_cross(context_dim):
+    m = _mha(context_dim=context_dim)
+    x, ctx = torch.randn(2, 5, 32), torch.randn(2, 9, context_dim or 32)
+    fused, explicit, w = _both_paths(m, x, context=ctx)
+    assert (fused - explicit).abs().max() < 1e-5
+    assert w.shape == (2, 4, 5, 9)
+
+
+def test_fused_equals_explicit_causal_and_masked():
+    m, x = _mha(), torch.randn(2, 6, 32)
+    fused, explicit, w = _both_paths(m, x, is_causal=True)
+    assert (fused - explicit).abs().max() < 1e-5
+    assert (w.triu(1) == 0).all()  # nothing above the diagonal
+    pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])  # second sequence padded
+    mask = torch.rand(2, 1, 6, 6) > 0.3
+    mask[..., 0] = True  # every row keeps one key
+    fused, explicit, w = _both_paths(m, x, attn_mask=mask, key_padding_mask=pad)
+    assert (fused - explicit).abs().max() < 1e-5
+    assert (w[1, :, :, 4:] == 0).all()
+    assert (w.masked_select(~mask.expand_as(w)) == 0).all()
+
+
+def test_causality_future_tokens_do_not_change_the_past():
+    m, x = _mha(), torch.randn(2, 8, 32)
+    base = m(x, is_causal=True)
+    for i in range(7):
+        x2 = x.clone()
+        x2[:, i + 1 :] = torch.randn_like(x2[:, i + 1 :])
+        out = m(x2, is_causal=True)
+        assert (out[:, : i + 1] - base[:, : i + 1]).abs().max() < 1e-6
+        assert (out[:, i + 1 :] - base[:, i + 1 :]).abs().max() > 1e-3  # the future did change
+
+
+def test_kv_cache_incremental_equals_full_recompute():
+    m, x = _mha(), torch.randn(2, 9, 32)
+    full = m(x, is_causal=True)
+    cache, steps = KVCache(), []
+    steps.append(m(x[:, :3], is_causal=True, cache=cache))  # a 3-token prompt, then one token at a time
+    for t in range(3, 9):
+        steps.append(m(x[:, t : t + 1], is_causal=True, cache=cache))
+    assert cache.length == 9
+    assert (torch.cat(steps, 1) - full).abs().max() < 1e-5
+
+
+def test_cross_attention_cache_projects_context_once():
+    m = _mha(context_dim=16)
+    x, ctx = torch.randn(2, 4, 32), torch.randn(2, 5, 16)
+    cache = KVCache()
+    first = m(x, ctx, cache=cache)
+    k = cache.k
+    again = m(x, torch.zeros_like(ctx), cache=cache)  # context ignored: K/V come from the cache
+    assert cache.k is k and torch.equal(first, again)
+
+
+def test_causal_mask_with_cache_is_bottom_aligned():
+    mask = causal_mask(2, 5)
+    assert mask.tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
+
+
+def test_heads_are_batched_not_looped():
+    # a 1-head module on each head's slice gives the same output as the multi-head module: heads are independent
+    m = _mha(dim=8, heads=2)
+    x = torch.randn(1, 3, 8)
+    _, w = m(x, need_weights=True)
+    q, k, _ = m.qkv(x).view(1, 3, 3, 2, 4).permute(2, 0, 3, 1, 4)
+    for h in range(2):
+        ref = ((q[:, h] @ k[:, h].transpose(-1, -2)) * 4**-0.5).softmax(-1)
+        torch.testing.assert_close(w[:, h], ref)
+
+
+def test_dim_not_divisible_by_heads_names_both_numbers():
+    with pytest.raises(ValueError, match=r"dim=30.*num_heads=4"):
+        MultiHeadAttention(30, 4)

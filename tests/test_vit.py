@@ -1,0 +1,120 @@
+"""The ViT: variants, equivariance, errors, checkpointing switches, input sizes."""
+
+import pytest
+import torch
+
+from vitpipe import create_model, list_models
+from vitpipe.nn.pos_embed import POS_EMBED_KINDS
+
+
+def _shuffle_patches(x, p, perm):
+    """Permute the p x p patches of images x (B, C, H, W) by perm (over row-major patch indices)."""
+    B, C, H, W = x.shape
+    t = x.unfold(2, p, p).unfold(3, p, p)  # (B, C, h, w, p, p)
+    h, w = t.shape[2:4]
+    t = t.reshape(B, C, h * w, p, p)[:, :, perm].reshape(B, C, h, w, p, p)
+    return t.permute(0, 1, 2, 4, 3, 5).reshape(B, C, H, W)
+
+
+@pytest.mark.parametrize("pos_embed", POS_EMBED_KINDS)
+def test_permutation_equivariance_only_without_positions(pos_embed):
+    torch.manual_seed(0)
+    m = create_model("vit_micro", img_size=16, pos_embed=pos_embed, num_classes=3, depth=2).eval()
+    if pos_embed in ("learned", "learned2d"):  # give the tables something to say
+        for p in m.pos_embed.parameters():
+            torch.nn.init.normal_(p, std=1.0)
+    x = torch.randn(2, 3, 16, 16)
+    perm = torch.randperm(16)
+    out = m.forward_features(x)[:, 1:]
+    out_perm = m.forward_features(_shuffle_patches(x, 4, perm))[:, 1:]
+    diff = (out[:, perm] - out_perm).abs().max().item()
+    if pos_embed == "none":
+        assert diff < 1e-5
+    else:
+        assert diff > 1e-3
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_every_variant_builds_and_gives_finite_logits(name):
+    torch.manual_seed(0)
+    patch = create_model(name, num_classes=0).patch_size[0] if name in ("vit_micro",) else None
+    size = 2 * (patch or {"vit_h14": 14}.get(name, 16 if name.endswith("16") else 4))  # a 2x2 grid keeps big ones fast
+    m = create_model(name, num_classes=7, img_size=size).eval()
+    with torch.no_grad():
+        y = m(torch.randn(2, 3, size, size))
+    assert y.shape == (2, 7) and torch.isfinite(y).all()
+    assert m.grid_size == (2, 2)
+
+
+def test_variant_dimensions_match_timm():
+    dims = {n: (create_model(n, img_size=32, patch_size=16).dim, len(create_model(n, img_size=32, patch_size=16).blocks))
+            for n in ("vit_ti16", "vit_s16")}
+    assert dims == {"vit_ti16": (192, 12), "vit_s16": (384, 12)}
+
+
+def test_non_square_images_and_other_sizes_at_eval():
+    torch.manual_seed(0)
+    m = create_model("vit_micro", img_size=(16, 24), num_classes=4).eval()
+    assert m.grid_size == (4, 6)
+    tokens, attn = m.forward_features(torch.randn(1, 3, 16, 24), return_attn=True)
+    assert tokens.shape == (1, 1 + 24, 64) and attn[0].shape == (1, 4, 25, 25)
+    assert m(torch.randn(1, 3, 32, 32)).shape == (1, 4)  # a 224 -> 384 style change of grid
+
+
+def test_return_attn_does_not_change_the_output():
+    torch.manual_seed(0)
+    m = create_model("vit_micro", num_classes=5).eval()
+    x = torch.randn(2, 3, 32, 32)
+    fused = m.forward_features(x)
+    explicit, attn = m.forward_features(x, return_attn=True)
+    assert (fused - explicit).abs().max() < 1e-5 and len(attn) == 4
+
+
+def test_grad_checkpointing_gives_the_same_gradients():
+    torch.manual_seed(0)
+    m = create_model("vit_micro", num_classes=5, drop_path_rate=0.0)
+    x = torch.randn(2, 3, 32, 32)
+    m(x).sum().backward()
+    g = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    m.set_grad_checkpointing(True)
+    m(x).sum().backward()
+    for a, p in zip(g, m.parameters()):
+        torch.testing.assert_close(a, p.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_no_weight_decay_names_positions_and_prefix_tokens():
+    m = create_model("vit_micro", reg_tokens=2)
+    assert m.no_weight_decay() == {"pos_embed.weight", "cls_token", "reg_token"}
+    names = set(dict(m.named_parameters()))
+    assert m.no_weight_decay() <= names
+
+
+def test_mean_pool_without_class_token():
+    m = create_model("vit_micro", class_token=False, pool="mean", num_classes=3)
+    assert m.num_prefix_tokens == 0 and m(torch.randn(2, 3, 32, 32)).shape == (2, 3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        (dict(dim=30, num_heads=4), r"dim=30.*num_heads=4"),
+        (dict(img_size=30, patch_size=4), r"30x30.*patch size 4x4"),
+        (dict(pos_embed="fourier"), r"'fourier'.*none, learned, sincos1d, sincos2d, learned2d, rope2d"),
+        (dict(pool="max"), r"'max'.*cls, mean"),
+    ],
+)
+def test_bad_arguments_raise_value_error_naming_value_and_choices(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        create_model("vit_micro", **kwargs)
+
+
+def test_unknown_variant_lists_choices():
+    with pytest.raises(ValueError, match=r"'vit_x99'.*vit_b16"):
+        create_model("vit_x99")
+
+
+def test_input_not_divisible_by_patch_raises_at_forward():
+    m = create_model("vit_micro")
+    with pytest.raises(ValueError, match="30x32"):
+        m(torch.randn(1, 3, 30, 32))
