@@ -1,0 +1,99 @@
+"""The fast small-data path: a whole split as one uint8 tensor, augmented batched on the device.
+
+Small data sets (digits, Fashion-MNIST, CIFAR) fit in memory many times over, and per-image
+PIL transforms in worker processes are then the bottleneck, not the model. Here the loader
+does one index op per batch (``__getitems__``) in the main process, the uint8 batch crosses
+to the device (4x less than float32), and crop/flip/resize/normalise run there on the batch.
+The numerics of resize/normalise are torchvision's own functional ops, so this path gives the
+same eval tensors as the standard torchvision.transforms.v2 path.
+"""
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.data import Dataset
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms.v2 import functional as TF
+
+
+class TensorImageDataset(Dataset):
+    """A split held as ``images`` uint8 (N, C, H, W) and ``labels`` int64 (N,).
+
+    ``__getitems__`` returns a whole batch ``(x (B, C, H, W) uint8, y (B,) int64)``; torch's
+    DataLoader calls it with the sampler's indices, so Lightning's DistributedSampler shards
+    it like any map-style data set. Pair it with ``collate_fn=identity_collate``.
+    """
+
+    def __init__(self, images: Tensor, labels: Tensor):
+        if images.dtype != torch.uint8 or images.ndim != 4:
+            raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
+        if labels.dtype != torch.int64 or labels.shape != images.shape[:1]:
+            raise ValueError(f"labels must be int64 ({images.shape[0]},), got {labels.dtype} {tuple(labels.shape)}")
+        self.images = images
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        return self.images[index], self.labels[index]
+
+    def __getitems__(self, indices: Sequence[int]) -> tuple[Tensor, Tensor]:
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        return self.images[idx], self.labels[idx]
+
+
+def identity_collate(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """``TensorImageDataset.__getitems__`` already returns the collated batch."""
+    return batch
+
+
+def random_crop(x: Tensor, padding: int) -> Tensor:
+    """Zero-pad by ``padding`` and crop back to (H, W) at a random offset per sample.
+
+    Same distribution as torchvision ``RandomCrop(size, padding=padding)`` (fill 0, offsets
+    uniform in [0, 2 * padding]), vectorised as one gather.
+    x: (B, C, H, W), any dtype.
+    """
+    if padding <= 0:
+        return x
+    B, C, H, W = x.shape
+    xp = F.pad(x, (padding, padding, padding, padding))  # (B, C, H + 2p, W + 2p)
+    off_y = torch.randint(0, 2 * padding + 1, (B, 1), device=x.device)
+    off_x = torch.randint(0, 2 * padding + 1, (B, 1), device=x.device)
+    rows = off_y + torch.arange(H, device=x.device)  # (B, H)
+    cols = off_x + torch.arange(W, device=x.device)  # (B, W)
+    b = torch.arange(B, device=x.device)[:, None, None]  # (B, 1, 1)
+    # Advanced indices split by the channel slice move to the front: result is (B, H, W, C).
+    out = xp[b, :, rows[:, :, None], cols[:, None, :]]
+    return out.permute(0, 3, 1, 2)  # (B, C, H, W)
+
+
+def random_hflip(x: Tensor, p: float = 0.5) -> Tensor:
+    """Flip each sample left-right with probability ``p``. x: (B, C, H, W)."""
+    flip = torch.rand(x.shape[0], device=x.device) < p  # (B,)
+    return torch.where(flip[:, None, None, None], x.flip(-1), x)
+
+
+def to_model_input(
+    x: Tensor,
+    *,
+    img_size: tuple[int, int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    out_chans: int,
+    antialias: bool = False,
+) -> Tensor:
+    """uint8 (B, C, h, w) -> float32 (B, out_chans, *img_size), scaled to [0, 1] and normalised.
+
+    The same ops, in the same order, as the standard path's ToDtype -> Resize -> Normalize -> RGB.
+    """
+    x = TF.to_dtype(x, torch.float32, scale=True)
+    if tuple(x.shape[-2:]) != tuple(img_size):
+        x = TF.resize(x, list(img_size), interpolation=InterpolationMode.BILINEAR, antialias=antialias)
+    x = TF.normalize(x, list(mean), list(std))
+    if x.shape[1] != out_chans:  # grayscale data, RGB model: the base class allows only 1 -> 3
+        x = x.expand(-1, out_chans, -1, -1).contiguous()
+    return x
