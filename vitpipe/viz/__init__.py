@@ -1,0 +1,23 @@
+"""Attention visualisation: rollout, gradient rollout, raw and cross-attention maps, overlays."""
+
+from vitpipe.viz.overlay import overlay, overlay_grid, save_figure, save_overlay, unnormalize
+from vitpipe.viz.rollout import (
+    attention_maps,
+    attention_rollout,
+    cross_attention_maps,
+    gradient_rollout,
+    rollout_for_model,
+)
+
+__all__ = [
+    "attention_maps",
+    "attention_rollout",
+    "cross_attention_maps",
+    "gradient_rollout",
+    "overlay",
+    "overlay_grid",
+    "rollout_for_model",
+    "save_figure",
+    "save_overlay",
+    "unnormalize",
+]
