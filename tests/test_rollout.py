@@ -344,10 +344,25 @@ def test_gradient_rollout_matches_manual_recursion(micro):
     logits = micro.forward_head(tokens)
     grads = torch.autograd.grad(logits[:, 3].sum(), attns)
     fused = [(g * a).clamp(min=0).mean(1, keepdim=True).detach() for g, a in zip(grads, attns)]  # (B, 1, N, N)
+    fused = [w / w.sum(-1, keepdim=True) for w in fused]  # rows of grad * attn rescaled to sum 1
     maps = gradient_rollout(micro, x, 3)
     for b in range(2):
         ref = reference_rollout(fused, b)
         torch.testing.assert_close(maps[b].flatten().double(), ref, rtol=1e-4, atol=1e-7)
+
+
+def test_gradient_rollout_ignores_logit_scale():
+    # a temperature on the logits scales every gradient alike; the map must not move
+    from vitpipe import create_model
+
+    torch.manual_seed(2)
+    model = create_model("vit_micro", img_size=16, num_classes=3).eval()
+    x = torch.randn(2, 3, 16, 16)
+    before = gradient_rollout(model, x, 1)
+    with torch.no_grad():
+        model.head.weight.mul_(10.0)
+        model.head.bias.mul_(10.0)
+    torch.testing.assert_close(gradient_rollout(model, x, 1), before, rtol=1e-4, atol=1e-6)
 
 
 def test_gradient_rollout_on_frozen_model(micro):

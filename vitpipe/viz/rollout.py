@@ -351,7 +351,8 @@ def gradient_rollout(
     """Gradient-weighted attention rollout (Chefer et al. 2021) -> (B, h, w).
 
     target: None (the predicted class), one class for all images, or one per image.
-    Per layer, heads are fused by ``gradient_weighted``. Runs in eval mode. Parameters are not
+    Per layer, heads are fused by ``gradient_weighted`` and rows rescaled to sum to 1 (so
+    the map does not depend on the logits' scale); then the rollout recursion. Eval mode. Parameters are not
     touched: the input gets requires_grad on a detached alias, so the attention
     stays in the graph even for a frozen model, and only d logit / d attention
     is computed (no ``.grad`` is written). num_prefix_tokens, grid_size and
@@ -372,5 +373,9 @@ def gradient_rollout(
         chosen = logits.gather(1, target[:, None]).sum()
         grads = torch.autograd.grad(chosen, list(attentions), allow_unused=True)
     fused = [gradient_weighted(a, g) for a, g in zip(attentions, grads)]  # L x (B, N, N)
+    # A = 0.5 W + 0.5 I assumes rows of W sum to 1, as attention rows do; grad * A rows sum to
+    # whatever the logit scale makes them, so without this the residual share (and the map)
+    # would change with a temperature on the logits. Rows with no positive mass stay zero.
+    fused = [w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny) for w in fused]
     result = rollout_matrix(fused, discard_ratio=discard_ratio, num_prefix_tokens=prefix)
     return _read_out(result, prefix, query).reshape(-1, h, w)  # (B, h, w)
