@@ -55,7 +55,8 @@ def to_numpy_image(image) -> np.ndarray:
         array = array[..., None]  # (H, W, 1)
     if array.ndim != 3 or array.shape[-1] not in (1, 3, 4):
         raise ConfigError(
-            f"image of shape {array.shape} is not an image; use (C, H, W) tensors or (H, W, C) arrays with 1, 3 or 4 channels"
+            f"image of shape {array.shape} is not an image; use (C, H, W) tensors "
+            "or (H, W, C) arrays with 1, 3 or 4 channels"
         )
     if array.shape[-1] == 1:
         array = np.repeat(array, 3, axis=-1)  # grayscale -> RGB

@@ -321,7 +321,9 @@ def _targets(logits: Tensor, target) -> Tensor:
     if target.numel() == 1:
         target = target.expand(batch)
     if target.numel() != batch:
-        raise ConfigError(f"target has {target.numel()} entries for a batch of {batch}; give one class or one per image")
+        raise ConfigError(
+            f"target has {target.numel()} entries for a batch of {batch}; give one class or one per image"
+        )
     if (target < 0).any() or (target >= num_classes).any():
         raise ConfigError(f"target={target.tolist()} is out of range; classes are 0..{num_classes - 1}")
     return target
