@@ -10,7 +10,8 @@ from __future__ import annotations
 from vitpipe.models.vit import ViT
 
 VARIANTS: dict[str, dict] = {
-    # CPU-sized: the embedded default and the tests
+    # CPU-sized: the embedded default (8x8 digits, 2-px patches) and the tests
+    "vit_nano": dict(dim=64, depth=4, num_heads=4, patch_size=2, img_size=8),
     "vit_micro": dict(dim=64, depth=4, num_heads=4, patch_size=4, img_size=32),
     # small images (28-32 px)
     "vit_ti4": dict(dim=192, depth=12, num_heads=3, patch_size=4, img_size=32),

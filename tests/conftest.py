@@ -1,0 +1,45 @@
+"""Compose Hydra configs the way scripts/train.py does (lightning-hydra-template style)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+import vitpipe.config  # noqa: F401  (registers the auto_precision resolver)
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+def make_cfg(tmp_path: Path, overrides: list[str] = (), config_name: str = "train") -> DictConfig:
+    """A composed config with its output and log dirs under tmp_path, hydra resolvers usable."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(tmp_path / "run")
+        cfg.hydra.runtime.cwd = str(ROOT)
+        cfg.hydra.job.num = 0
+        cfg.paths.log_dir = str(tmp_path / "logs")
+        cfg.paths.data_dir = str(tmp_path / "data")
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+@pytest.fixture
+def cfg_factory(tmp_path):
+    def factory(*overrides: str, config_name: str = "train", sub: str | None = None):
+        base = tmp_path / sub if sub else tmp_path
+        return make_cfg(base, overrides, config_name)
+
+    yield factory
+    GlobalHydra.instance().clear()

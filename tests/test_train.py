@@ -1,0 +1,179 @@
+"""The training pipeline: config groups, runs on real data, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import open_dict
+
+from vitpipe.errors import ConfigError
+from vitpipe.train import build, train
+
+ROOT = Path(__file__).resolve().parents[1]
+GROUP = lambda g: sorted(p.stem for p in (ROOT / "conf" / g).glob("*.yaml"))  # noqa: E731
+CLASSIFIER_MODELS = [m for m in GROUP("model") if m.startswith("vit_")]
+
+
+@pytest.mark.parametrize("model", CLASSIFIER_MODELS)
+def test_every_model_config_instantiates(cfg_factory, model):
+    cfg = cfg_factory(f"model={model}", "debug=fast")
+    net = instantiate(cfg.model)
+    size = net.img_size
+    with torch.no_grad():
+        assert net(torch.randn(1, 1, *size)).shape == (1, 10)  # digits: 1 channel, 10 classes
+
+
+@pytest.mark.parametrize("data", ["digits", "fashion_mnist", "cifar10", "cifar100", "imagefolder", "synthetic"])
+def test_every_data_config_instantiates(cfg_factory, tmp_path, data):
+    extra = [f"data.root={tmp_path}", "data.num_classes=3"] if data == "imagefolder" else []
+    cfg = cfg_factory(f"data={data}", "debug=fast", *extra)
+    dm = instantiate(cfg.data)
+    assert dm.num_classes == cfg.data.num_classes and dm.channels == cfg.model.in_chans
+
+
+@pytest.mark.parametrize("group", ["trainer", "logger", "callbacks", "module"])
+def test_every_other_group_option_instantiates(cfg_factory, group):
+    for option in GROUP(group):
+        if group == "module" and option != "classifier":
+            continue  # the captioning module needs a captioner net (tests/test_captioner.py)
+        cfg = cfg_factory(f"{group}={option}", "debug=fast")
+        if group == "trainer":
+            if option == "gpu" and not torch.cuda.is_available():
+                continue
+            node = cfg.trainer
+            assert isinstance(instantiate(node, logger=False), __import__("lightning").Trainer)
+        elif group == "module":
+            _, net, module = build(cfg)
+            assert module.net is net
+        else:
+            for key, node in (cfg.get(group) or {}).items():
+                assert instantiate(node) is not None, f"{group}={option}: {key}"
+
+
+def test_several_loggers_at_once(cfg_factory):
+    cfg = cfg_factory("logger=[csv,tensorboard]", "debug=fast")
+    assert set(cfg.logger) == {"csv", "tensorboard"}
+
+
+def test_default_config_fast_dev_run(cfg_factory):
+    cfg = cfg_factory("debug=default")
+    metrics = train(cfg)
+    assert {"test/acc", "test/loss", "val/acc"} <= set(metrics)
+    assert json.loads((Path(cfg.paths.output_dir) / "metrics.json").read_text())["test/acc"] == metrics["test/acc"]
+    assert (Path(cfg.paths.output_dir) / "config.yaml").is_file()
+
+
+def test_two_epochs_on_digits_beat_chance_by_far(cfg_factory):
+    cfg = cfg_factory("trainer.max_epochs=2", "trainer.accelerator=cpu", "module.optimizer.lr=3e-3")
+    metrics = train(cfg)
+    print(f"digits, 2 epochs: test/acc={metrics['test/acc']:.3f}")
+    assert metrics["test/acc"] > 0.5  # chance is 0.1
+    assert 0 <= metrics["val/acc_best"] <= 1 and metrics["val/acc_best"] >= metrics.get("val/acc", 0) - 1e-6
+
+
+def _short(cfg_factory, sub, *extra):
+    return cfg_factory("debug=fast", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
+                       "callbacks.model_checkpoint.monitor=null", "callbacks.model_checkpoint.save_top_k=0",
+                       *extra, sub=sub)
+
+
+def test_resume_continues_at_the_saved_step(cfg_factory):
+    first = _short(cfg_factory, "a", "trainer.max_epochs=1", "test=false")
+    train(first)
+    last = Path(first.paths.output_dir) / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, weights_only=True)
+    assert ckpt["global_step"] == 3 and ckpt["epoch"] == 0
+
+    resumed = _short(cfg_factory, "b", "trainer.max_epochs=2", "test=false", f"ckpt_path={last}")
+    with open_dict(resumed):
+        resumed.paths.log_dir = first.paths.log_dir
+    train(resumed)
+    ckpt2 = torch.load(Path(resumed.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt2["global_step"] == 6 and ckpt2["epoch"] == 1  # 3 more steps, not 6 from scratch
+    sched = ckpt2["lr_schedulers"][0]
+    assert sched["last_epoch"] != ckpt["lr_schedulers"][0]["last_epoch"] or sched != ckpt["lr_schedulers"][0]
+
+    # `last` finds the newest last.ckpt of the task, which is the resumed run's
+    again = _short(cfg_factory, "c", "trainer.max_epochs=3", "test=false", "ckpt_path=last")
+    with open_dict(again):
+        again.paths.log_dir = first.paths.log_dir
+    from vitpipe.config import resolve_ckpt_path
+
+    assert Path(resolve_ckpt_path("last", again)).parent.parent == Path(resumed.paths.output_dir)
+
+
+# ---- bad input: one clear error, before data loads -------------------------------------------------
+
+
+def test_num_classes_mismatch(cfg_factory):
+    with pytest.raises(ConfigError, match=r"model.num_classes=7 does not match data.num_classes=10"):
+        build(cfg_factory("model.num_classes=7"))
+
+
+def test_unresolvable_model_data_size(cfg_factory):
+    with pytest.raises(ConfigError, match=r"30x30.*patch size 4x4"):
+        build(cfg_factory("model=vit_micro", "model.img_size=30"))
+    with pytest.raises(ConfigError, match=r"in_chans=2"):
+        build(cfg_factory("model.in_chans=2"))
+
+
+def test_missing_dataset_offline_says_how_to_get_it(cfg_factory):
+    with pytest.raises(ConfigError, match=r"download"):
+        build(cfg_factory("data=cifar10"))
+
+
+def test_bad_checkpoints(cfg_factory, tmp_path):
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match=r"cannot read checkpoint .*garbage.ckpt"):
+        train(cfg_factory(f"ckpt_path={garbage}"))
+    with pytest.raises(ConfigError, match=r"no such file"):
+        train(cfg_factory(f"ckpt_path={tmp_path / 'missing.ckpt'}"))
+    other = _short(cfg_factory, "small", "trainer.max_epochs=1", "test=false", "model.dim=16")
+    train(other)
+    wrong = Path(other.paths.output_dir) / "checkpoints" / "last.ckpt"
+    with pytest.raises(ConfigError, match=r"does not fit the configured model"):
+        train(cfg_factory("debug=fast", f"ckpt_path={wrong}"))
+
+
+def test_corrupt_image_in_image_folder(cfg_factory, tmp_path):
+    from PIL import Image
+
+    for c in ("a", "b"):
+        (tmp_path / "imgs" / "train" / c).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (12, 12), (i * 40, 0, 0)).save(tmp_path / "imgs" / "train" / c / f"{i}.png")
+    (tmp_path / "imgs" / "train" / "b" / "broken.png").write_bytes(b"\x89PNG not really")
+    cfg = cfg_factory("data=imagefolder", f"data.root={tmp_path / 'imgs'}", "data.num_classes=2", "debug=fast",
+                      "data.num_workers=0")
+    with pytest.raises(ConfigError, match="broken.png"):
+        train(cfg)
+
+
+def _cli(*args, timeout=300):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_cli_config_mistakes_print_one_line_without_traceback(tmp_path):
+    r = _cli("model=vit_x99", f"paths.log_dir={tmp_path}")
+    assert r.returncode != 0 and "Could not find 'model/vit_x99'" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("model.num_classes=3", f"paths.log_dir={tmp_path}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "model.num_classes=3 does not match data.num_classes=10" in r.stderr
+
+
+def test_vit_b16_on_synthetic_runs_at_224(cfg_factory):
+    cfg = cfg_factory("model=vit_b16", "data=synthetic", "trainer.fast_dev_run=true", "trainer.accelerator=cpu",
+                      "data.batch_size=2", "data.eval_batch_size=2", "data.length=8", "data.test_length=4")
+    dm, net, module = build(cfg)
+    seen = []
+    net.register_forward_pre_hook(lambda m, a: seen.append(tuple(a[0].shape)))
+    instantiate(cfg.trainer, logger=False, enable_checkpointing=False).fit(module, dm)
+    assert seen and all(s[-2:] == (224, 224) and s[1] == 3 for s in seen)

@@ -1,0 +1,119 @@
+"""Config helpers: resolvers, early validation, instantiation with one-line errors."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.errors import InstantiationException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
+
+from vitpipe.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def auto_precision() -> str:
+    """32-bit on CPU (bf16 there is emulated and ~20x slower); bf16-mixed on GPUs that support it
+    (Ampere and newer); 16-mixed with loss scaling on older GPUs."""
+    if not torch.cuda.is_available():
+        return "32-true"
+    return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+
+
+if not OmegaConf.has_resolver("auto_precision"):
+    OmegaConf.register_new_resolver("auto_precision", auto_precision)
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Cross-group checks that need no data: a mismatch here would otherwise surface mid-run."""
+    try:
+        model_n, data_n = cfg.model.get("num_classes"), cfg.data.get("num_classes")
+    except MissingMandatoryValue as e:
+        raise ConfigError(f"{e.full_key} must be set on the command line, e.g. {e.full_key}=10") from None
+    if model_n is not None and data_n is not None and model_n != data_n:
+        raise ConfigError(
+            f"model.num_classes={model_n} does not match data.num_classes={data_n}; "
+            f"drop the model.num_classes override (it follows the data) or fix data.num_classes"
+        )
+
+
+def instantiate_checked(node: DictConfig, key: str, **kwargs):
+    """``hydra.utils.instantiate`` whose user errors come back as one ConfigError line."""
+    try:
+        return hydra.utils.instantiate(node, _convert_="all", **kwargs)
+    except MissingMandatoryValue as e:
+        raise ConfigError(f"{e.full_key} must be set, e.g. {e.full_key}=<value>") from None
+    except InstantiationException as e:
+        cause = e.__cause__
+        while isinstance(cause, InstantiationException) and cause.__cause__ is not None:
+            cause = cause.__cause__
+        if isinstance(cause, (ValueError, FileNotFoundError, TypeError)):
+            raise ConfigError(f"{key}: {cause}") from cause
+        raise
+
+
+def instantiate_loggers(node: DictConfig | None) -> list:
+    return [instantiate_checked(c, f"logger.{k}") for k, c in (node or {}).items() if c and "_target_" in c]
+
+
+def instantiate_callbacks(node: DictConfig | None) -> list:
+    return [instantiate_checked(c, f"callbacks.{k}") for k, c in (node or {}).items() if c and "_target_" in c]
+
+
+def resolve_ckpt_path(value, cfg: DictConfig, net: torch.nn.Module | None = None) -> str | None:
+    """A checkpoint to resume from: a file, a run directory (its newest last.ckpt) or ``last``
+    (the newest last.ckpt of this task). Checked to be readable and to fit ``net`` now, not
+    after the data has loaded."""
+    if value in (None, ""):
+        return None
+    if value == "last":
+        root = Path(cfg.paths.log_dir) / cfg.task_name
+        path = _newest_last(root)
+        if path is None:
+            raise ConfigError(f"ckpt_path=last: no last.ckpt under {root}; pass ckpt_path=<file or run dir>")
+    else:
+        path = Path(value)
+        if path.is_dir():
+            path = _newest_last(path)
+            if path is None:
+                raise ConfigError(f"ckpt_path={value}: that directory holds no last.ckpt")
+        elif not path.is_file():
+            raise ConfigError(f"ckpt_path={value}: no such file; pass a .ckpt file, a run directory or `last`")
+    checkpoint = load_checkpoint(path)
+    if net is not None:
+        check_fits(checkpoint["state_dict"], net, path)
+    log.info("resuming from %s", path)
+    return str(path)
+
+
+def _newest_last(root: Path) -> Path | None:
+    found = sorted(root.rglob("last.ckpt"), key=lambda p: p.stat().st_mtime) if root.is_dir() else []
+    return found[-1] if found else None
+
+
+def load_checkpoint(path) -> dict:
+    """Read a Lightning checkpoint without executing pickled code; ConfigError when unreadable."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ConfigError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise ConfigError(f"{path} is not a Lightning checkpoint (no 'state_dict')")
+    return ckpt
+
+
+def check_fits(state_dict: dict, net: torch.nn.Module, path) -> None:
+    own = {f"net.{k}": v.shape for k, v in net.state_dict().items()}
+    theirs = {k: v.shape for k, v in state_dict.items() if k.startswith("net.")}
+    wrong = [f"{k} {tuple(theirs[k])} vs {tuple(s)}" for k, s in own.items() if k in theirs and theirs[k] != s]
+    missing = [k for k in own if k not in theirs]
+    if wrong or missing:
+        raise ConfigError(
+            f"checkpoint {path} does not fit the configured model: "
+            + (f"shape mismatches {wrong[:3]}" if wrong else f"missing {missing[:3]}")
+            + "; use the model config the checkpoint was trained with"
+        )

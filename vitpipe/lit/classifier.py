@@ -1,0 +1,130 @@
+"""ImageClassifier: the LightningModule for classification.
+
+It receives a built ``net`` and partial optimizer/scheduler from the config (lightning-hydra-
+template style) and owns loss, metrics, mixup/cutmix and EMA; the model owns its architecture and
+its weight-decay exclusions.
+"""
+
+from __future__ import annotations
+
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import MaxMetric, MeanMetric, MetricCollection
+from torchmetrics.classification import MulticlassAccuracy
+
+from vitpipe.lit.optim import build_optimizer
+
+
+class ImageClassifier(L.LightningModule):
+    """Cross-entropy classification with top-1/top-5 accuracy per split.
+
+    Args:
+        net: the network, ``net(x) -> logits (B, num_classes)``.
+        optimizer: a partial optimizer (``_partial_: true``), called on parameter groups.
+        scheduler: a partial timm scheduler, called with ``t_initial`` and ``warmup_t`` in steps.
+        warmup_fraction: fraction of all optimizer steps spent warming up.
+        label_smoothing: Szegedy et al. 2016; passed to timm's Mixup when mixup is on.
+        mixup: kwargs of ``timm.data.Mixup`` (mixup_alpha, cutmix_alpha, ...), or None.
+        ema_decay: keep an EMA of the weights (timm ModelEmaV3) and validate/test with it.
+        compile: ``torch.compile`` the network for training.
+    """
+
+    def __init__(self, net: nn.Module, optimizer, scheduler=None, *, warmup_fraction: float = 0.05,
+                 label_smoothing: float = 0.0, mixup: dict | None = None, ema_decay: float | None = None,
+                 compile: bool = False) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"], logger=False)
+        self.net = net
+        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
+        n = net.num_classes
+        self.mixup = None
+        if mixup:
+            from timm.data import Mixup
+
+            self.mixup = Mixup(**{"label_smoothing": label_smoothing, **dict(mixup)}, num_classes=n)
+        self.ema = None
+        if ema_decay:
+            from timm.utils import ModelEmaV3
+
+            self.ema = ModelEmaV3(net, decay=ema_decay)
+        self.train_net = torch.compile(net) if compile else net
+
+        def accuracies():
+            return MetricCollection({"acc": MulticlassAccuracy(n, top_k=1, average="micro"),
+                                     "acc_top5": MulticlassAccuracy(n, top_k=min(5, n), average="micro")})
+
+        self.train_acc = MulticlassAccuracy(n, top_k=1, average="micro")
+        self.val_metrics, self.test_metrics = accuracies(), accuracies()
+        self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
+        self.val_acc_best = MaxMetric()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def _eval_net(self) -> nn.Module:
+        return self.ema.module if self.ema is not None else self.net
+
+    def on_train_start(self) -> None:
+        self.val_acc_best.reset()  # sanity-check steps must not count
+
+    def training_step(self, batch, batch_idx: int):
+        x, y = batch
+        if self.mixup is not None and x.shape[0] % 2 == 0:  # timm's Mixup needs an even batch
+            x, soft = self.mixup(x, y)
+            logits = self.train_net(x)
+            loss = torch.sum(-soft * F.log_softmax(logits, dim=-1), dim=-1).mean()
+        else:
+            logits = self.train_net(x)
+            loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+            self.train_acc(logits, y)
+            self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss.item()} at global step {self.global_step}")
+        self.train_loss(loss)
+        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if self.ema is not None:
+            self.ema.update(self.net, step=self.global_step)
+
+    def _eval_step(self, batch, loss_metric, metrics, prefix: str) -> None:
+        x, y = batch
+        logits = self._eval_net()(x)
+        loss_metric(F.cross_entropy(logits, y))
+        metrics.update(logits, y)
+        self.log(f"{prefix}/loss", loss_metric, on_step=False, on_epoch=True, prog_bar=prefix == "val")
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, self.val_loss, self.val_metrics, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        scores = self.val_metrics.compute()  # synced over ranks: the whole validation set, counted once
+        self.val_metrics.reset()
+        self.val_acc_best(scores["acc"])
+        self.log_dict({"val/acc": scores["acc"], "val/acc_top5": scores["acc_top5"]}, prog_bar=True, sync_dist=False)
+        self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True)
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, self.test_loss, self.test_metrics, "test")
+
+    def on_test_epoch_end(self) -> None:
+        scores = self.test_metrics.compute()
+        self.test_metrics.reset()
+        self.log_dict({"test/acc": scores["acc"], "test/acc_top5": scores["acc_top5"]})
+
+    def configure_optimizers(self):
+        optimizer = build_optimizer(self.optimizer_factory, self.net)
+        if self.scheduler_factory is None:
+            return optimizer
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = int(self.hparams.warmup_fraction * total)
+        scheduler = self.scheduler_factory(optimizer, t_initial=total, warmup_t=warmup)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def lr_scheduler_step(self, scheduler, metric) -> None:
+        # timm schedulers are driven by the update count, not torch's step()
+        scheduler.step_update(num_updates=self.global_step)

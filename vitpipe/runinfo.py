@@ -1,0 +1,73 @@
+"""What a run leaves behind: metrics.json, config.yaml, the config inside checkpoints, a summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+
+class ConfigInCheckpoint(L.Callback):
+    """Store the resolved run config in each checkpoint, so a checkpoint rebuilds its model alone."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        self.config = OmegaConf.to_container(cfg, resolve=True)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        checkpoint["vitpipe_config"] = self.config
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temporary file and rename: a crash never leaves a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def output_dir(cfg: DictConfig) -> Path:
+    return Path(cfg.paths.output_dir)
+
+
+@rank_zero_only
+def write_run_files(cfg: DictConfig, metrics: dict) -> None:
+    out = output_dir(cfg)
+    atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    if metrics:
+        atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+
+
+def collect_metrics(trainer: L.Trainer, prefix: str = "") -> dict[str, float]:
+    return {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(prefix) and v.numel() == 1}
+
+
+@rank_zero_only
+def print_summary(cfg: DictConfig, metrics: dict, trainer: L.Trainer) -> None:
+    keys = [k for k in ("val/acc_best", "test/acc", "test/acc_top5", "test/loss") if k in metrics]
+    keys += sorted(k for k in metrics if k.startswith("test/") and k not in keys)
+    lines = [f"  {k:<16} {metrics[k]:.4f}" for k in keys]
+    best = getattr(trainer.checkpoint_callback, "best_model_path", "") if trainer.checkpoint_callback else ""
+    print("\n".join([f"== vitpipe {cfg.task_name}: {cfg.model.get('name', cfg.model._target_)} on "
+                     f"{cfg.data._target_.rsplit('.', 1)[-1]} ==", *lines,
+                     f"  run dir          {output_dir(cfg)}"] + ([f"  best checkpoint  {best}"] if best else [])))
+
+
+def finish_loggers(loggers: list) -> None:
+    """Close wandb runs (so a sweep's next job starts a new run) and flush the others."""
+    for lg in loggers:
+        if type(lg).__name__ == "WandbLogger":
+            import wandb
+
+            if wandb.run is not None:
+                wandb.finish()
+        elif hasattr(lg, "finalize"):
+            try:
+                lg.finalize("success")
+            except Exception:  # noqa: BLE001 - flushing a logger must not mask the run's own error
+                pass

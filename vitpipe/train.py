@@ -1,0 +1,74 @@
+"""``train(cfg) -> metrics``: the testable body of ``scripts/train.py``.
+
+Config -> data, model, LightningModule, Trainer -> fit -> test with the best checkpoint ->
+``metrics.json`` and ``config.yaml`` in the run directory. Everything that can be checked from the
+config alone is checked before any data loads.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+from omegaconf import DictConfig
+
+from vitpipe.config import (
+    check_config,
+    instantiate_callbacks,
+    instantiate_loggers,
+    instantiate_checked,
+    resolve_ckpt_path,
+)
+from vitpipe.errors import ConfigError
+from vitpipe.runinfo import ConfigInCheckpoint, collect_metrics, finish_loggers, print_summary, write_run_files
+
+log = logging.getLogger(__name__)
+
+
+def build(cfg: DictConfig):
+    """Instantiate (datamodule, net, module) from a composed config, validating on the way."""
+    check_config(cfg)
+    dm = instantiate_checked(cfg.data, "data")
+    if hasattr(dm, "check"):
+        dm.check()  # the files exist (or download is on) before any model is built
+    model_kwargs = dm.model_kwargs() if hasattr(dm, "model_kwargs") else {}
+    net = instantiate_checked(cfg.model, "model", **model_kwargs)
+    module_kwargs = dm.module_kwargs() if hasattr(dm, "module_kwargs") else {}
+    module = instantiate_checked(cfg.module, "module", net=net, **module_kwargs)
+    return dm, net, module
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Train (and test) per ``cfg``; returns the final metrics, also written to metrics.json."""
+    L.seed_everything(cfg.seed, workers=True)
+    dm, net, module = build(cfg)
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), cfg, net=net)
+    loggers = instantiate_loggers(cfg.get("logger"))
+    callbacks = instantiate_callbacks(cfg.get("callbacks"))
+    trainer: L.Trainer = instantiate_checked(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
+    callbacks.append(ConfigInCheckpoint(cfg))  # eval rebuilds the model from the checkpoint alone
+    write_run_files(cfg, {})
+    try:
+        if cfg.get("train", True):
+            trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
+        metrics = collect_metrics(trainer)
+        if cfg.get("test", True):
+            best = _best_checkpoint(trainer)
+            trainer.test(module, datamodule=dm, ckpt_path=best, weights_only=True)
+            metrics.update(collect_metrics(trainer, prefix="test/"))
+        write_run_files(cfg, metrics)
+        print_summary(cfg, metrics, trainer)
+        return metrics
+    finally:
+        finish_loggers(loggers)
+
+
+def _best_checkpoint(trainer: L.Trainer) -> str | None:
+    cb = trainer.checkpoint_callback
+    if trainer.fast_dev_run or cb is None:
+        return None  # the weights in memory
+    if not getattr(cb, "best_model_path", ""):
+        if getattr(cb, "last_model_path", ""):
+            return cb.last_model_path
+        raise ConfigError("no checkpoint was saved during fit; cannot test with the best weights")
+    return cb.best_model_path
