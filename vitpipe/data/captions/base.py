@@ -58,14 +58,20 @@ class CaptionCollate:
 class CaptionDataModule(L.LightningDataModule):
     """Subclasses implement ``_load(split) -> (image_fn, refs, image_ids)``.
 
+    ``channels`` is the static value the config carries so ``model.encoder.in_chans`` can follow it.
+
     The tokenizer is built on first use from the training captions (``model_kwargs()`` needs the
     vocabulary before the model exists), or set from a checkpoint (``dm.tokenizer = ...``) so an
     evaluation uses the vocabulary the model was trained with.
     """
 
-    def __init__(self, *, batch_size: int = 64, eval_batch_size: int | None = None, num_workers: int = 0,
-                 max_len: int = 32, min_word_freq: int = 1, pin_memory: bool = False) -> None:
+    channels = 3  # both caption sets are colour images
+
+    def __init__(self, *, channels: int = 3, batch_size: int = 64, eval_batch_size: int | None = None,
+                 num_workers: int = 0, max_len: int = 32, min_word_freq: int = 1, pin_memory: bool = False) -> None:
         super().__init__()
+        if channels != self.channels:
+            raise ConfigError(f"data.channels={channels} but {type(self).__name__} images have {self.channels} channels")
         if max_len < 3:
             raise ConfigError(f"data max_len={max_len} leaves no room for a word between <bos> and <eos>; use >= 3")
         if batch_size < 1:

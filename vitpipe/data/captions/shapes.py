@@ -26,7 +26,7 @@ from vitpipe.errors import ConfigError
 COLORS = {"red": (230, 40, 40), "green": (40, 200, 60), "blue": (50, 90, 235), "yellow": (235, 215, 40),
           "purple": (160, 60, 200)}
 SHAPES = ("circle", "square", "triangle")
-SIZES = {"small": 0.2, "large": 0.36}  # radius as a fraction of the cell side
+SIZES = {"small": 0.25, "large": 0.4}  # radius as a fraction of the cell side
 CELLS = ((0, 0), (0, 1), (1, 0), (1, 1))  # (row, col) of the 2x2 layout
 
 
