@@ -26,12 +26,12 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
-from vitpipe.text.tokenizer import split_words
+from vitpipe.text.tokenizer import WORD, split_words
 
 
 def normalize(text: str) -> str:
     """coco-caption's pre-scoring step: lowercase, words only (punctuation tokens dropped)."""
-    return " ".join(w for w in split_words(text) if w[0].isalnum() or w[0] == "'")
+    return " ".join(w for w in split_words(text) if WORD.fullmatch(w))
 
 
 def _to_bytes(texts: Sequence[str]) -> tuple[Tensor, Tensor]:
@@ -79,9 +79,14 @@ class CaptionCorpus(Metric):
 
     def corpus(self) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
         """(gts, res) in pycocoevalcap's format: {i: [refs...]}, {i: [hypothesis]}."""
-        preds = _from_bytes(dim_zero_cat(self.pred_bytes), dim_zero_cat(self.pred_lens)) if self.pred_lens else []
-        refs = _from_bytes(dim_zero_cat(self.ref_bytes), dim_zero_cat(self.ref_lens)) if self.ref_lens else []
-        counts = dim_zero_cat(self.ref_counts).tolist() if self.ref_counts else []
+        # after a sync a rank that saw no data contributes torchmetrics' float ``tensor([])``; the
+        # casts undo that promotion
+        def cat(state, dtype):
+            return dim_zero_cat(state).to(dtype) if len(state) else torch.zeros(0, dtype=dtype)
+
+        preds = _from_bytes(cat(self.pred_bytes, torch.uint8), cat(self.pred_lens, torch.long))
+        refs = _from_bytes(cat(self.ref_bytes, torch.uint8), cat(self.ref_lens, torch.long))
+        counts = cat(self.ref_counts, torch.long).tolist()
         gts, res, start = {}, {}, 0
         for i, (p, n) in enumerate(zip(preds, counts)):
             gts[i], res[i] = refs[start : start + n], [p]

@@ -18,8 +18,10 @@ from torch import Tensor
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3: <pad> = 0 so zero-initialised buffers read as padding
 
-# a word is a run of letters/digits/apostrophes; any other non-space character is its own token
-_TOKEN = re.compile(r"[a-z0-9']+|[^\sa-z0-9']")
+# a word is a run of letters, digits and apostrophes (any script); any other non-space
+# character is a token of its own
+WORD = re.compile(r"[\w']+")
+_TOKEN = re.compile(r"[\w']+|[^\w\s]")
 
 
 def split_words(text: str) -> list[str]:
