@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -295,3 +297,38 @@ def test_overfits_four_shapes_captions(decoder):
     decoded = dm.tokenizer.batch_decode(model.generate(x, max_len=19))
     assert decoded == targets, (loss.item(), decoded, targets)
     assert time.perf_counter() - start < 30
+
+
+# ---------------------------------------------------------------- training pipeline
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_caption_experiment_trains_scores_and_checkpoints_its_tokenizer(cfg_factory, tmp_path, decoder):
+    """experiment=caption_shapes through train(): scores logged; the checkpoint carries its
+    tokenizer and replaces a module's own on load; test predictions written with image ids."""
+    import lightning as L
+
+    from vitpipe.lit.captioner import CaptionModule, load_tokenizer
+    from vitpipe.text import WordTokenizer
+    from vitpipe.train import build, train
+
+    cfg = cfg_factory("experiment=caption_shapes", "debug=fast", f"model.decoder={decoder}", "data.num_train=64",
+                      "data.num_val=16", "data.num_test=16", "module.beam_size=2")
+    metrics = train(cfg)
+    for split in ("val", "test"):
+        assert {f"{split}/{k}" for k in ("bleu1", "bleu4", "cider", "loss")} <= set(metrics)
+    assert 0 <= metrics["test/bleu4"] <= 1 and metrics["test/cider"] >= 0
+    assert metrics["val/cider_best"] == pytest.approx(metrics["val/cider"])  # one epoch: best = last
+    ckpt = next(Path(cfg.paths.output_dir).rglob("*.ckpt"))
+    dm, net, _ = build(cfg)
+    trained = load_tokenizer(ckpt)
+    assert trained.itos == dm.tokenizer.itos
+
+    shuffled = WordTokenizer([*trained.itos[:4], *reversed(trained.itos[4:])])  # same size, other ids
+    module = CaptionModule(net=net, tokenizer=shuffled, optimizer=None)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.test(module, datamodule=dm, ckpt_path=str(ckpt), weights_only=True)
+    assert module.tokenizer.itos == trained.itos
+    rows = json.loads(module.write_predictions(tmp_path / "captions.json").read_text())
+    assert [r["image_id"] for r in rows] == list(range(16)) and set(rows[0]) == {"image_id", "caption"}
+    assert all(set(r["caption"].split()) <= set(trained.itos) for r in rows)
