@@ -8,7 +8,7 @@ from pathlib import Path
 import hydra
 import torch
 from hydra.errors import InstantiationException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
 from vitpipe.errors import ConfigError
@@ -117,3 +117,38 @@ def check_fits(state_dict: dict, net: torch.nn.Module, path) -> None:
             + (f"shape mismatches {wrong[:3]}" if wrong else f"missing {missing[:3]}")
             + "; use the model config the checkpoint was trained with"
         )
+
+
+def apply_lr_scaling(cfg: DictConfig, trainer) -> None:
+    """Print the effective batch size and rescale ``module.optimizer.lr`` by ``cfg.lr_scaling``."""
+    per_device = cfg.data.get("batch_size")
+    if per_device is None or "optimizer" not in cfg.module:
+        return
+    accumulate = trainer.accumulate_grad_batches
+    effective = per_device * trainer.world_size * accumulate
+    scaling = cfg.get("lr_scaling") or {}
+    rule, base = scaling.get("rule", "none"), scaling.get("base_batch_size", 256)
+    factors = {"none": 1.0, "linear": effective / base, "sqrt": (effective / base) ** 0.5}
+    if rule not in factors:
+        raise ConfigError(f"lr_scaling.rule={rule!r}; valid choices: {', '.join(factors)}")
+    lr = cfg.module.optimizer.lr * factors[rule]
+    with open_dict(cfg):
+        cfg.module.optimizer.lr = lr
+    if trainer.is_global_zero:
+        print(f"vitpipe: effective batch {effective} = {per_device} per device x {trainer.num_devices} device(s) "
+              f"x {trainer.num_nodes} node(s) x {accumulate} accumulation; lr {lr:.3g} (lr_scaling.rule={rule}"
+              + (f", base batch {base})" if rule != "none" else ")"))
+
+
+def set_sweep_group(cfg: DictConfig) -> None:
+    """In a Hydra multirun, put every job's wandb run in one group named after the sweep."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    wandb_cfg = (cfg.get("logger") or {}).get("wandb")
+    if wandb_cfg is None or wandb_cfg.get("group") or not HydraConfig.initialized():
+        return
+    hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:
+        with open_dict(cfg):
+            cfg.logger.wandb.group = f"{cfg.task_name}-{Path(hc.sweep.dir).name}"

@@ -13,7 +13,9 @@ import lightning as L
 from omegaconf import DictConfig
 
 from vitpipe.config import (
+    apply_lr_scaling,
     check_config,
+    set_sweep_group,
     instantiate_callbacks,
     instantiate_loggers,
     instantiate_checked,
@@ -41,12 +43,15 @@ def build(cfg: DictConfig):
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train (and test) per ``cfg``; returns the final metrics, also written to metrics.json."""
     L.seed_everything(cfg.seed, workers=True)
-    dm, net, module = build(cfg)
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), cfg, net=net)
+    check_config(cfg)
+    set_sweep_group(cfg)
     loggers = instantiate_loggers(cfg.get("logger"))
     callbacks = instantiate_callbacks(cfg.get("callbacks"))
-    trainer: L.Trainer = instantiate_checked(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
     callbacks.append(ConfigInCheckpoint(cfg))  # eval rebuilds the model from the checkpoint alone
+    trainer: L.Trainer = instantiate_checked(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
+    apply_lr_scaling(cfg, trainer)  # needs the world size, which only the Trainer knows
+    dm, net, module = build(cfg)
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), cfg, net=net)
     write_run_files(cfg, {})
     try:
         if cfg.get("train", True):

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from vitpipe.data.sampler import ShardedSampler
 from vitpipe.data.fast import TensorImageDataset, identity_collate, random_crop, random_hflip, to_model_input
 from vitpipe.data.transforms import standard_transform
 from vitpipe.errors import ConfigError
@@ -109,6 +110,7 @@ class ClassificationDataModule(L.LightningDataModule):
         num_workers: int = 0,
         val_split: float | int = 0.1,
         seed: int = 0,
+        shuffle: bool = True,
         augment: bool = True,
         hflip: bool = True,
         crop_padding: int = 4,
@@ -134,6 +136,7 @@ class ClassificationDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.val_split = _check_val_split(val_split)
         self.seed = int(seed)
+        self.shuffle = bool(shuffle)  # false: fixed order (the DDP-equals-one-process test)
         self.augment, self.hflip, self.fast_path = bool(augment), bool(hflip), bool(fast_path)
         if not isinstance(crop_padding, int) or crop_padding < 0:
             raise ConfigError(f"data.crop_padding={crop_padding!r}: expected an int >= 0")
@@ -236,12 +239,38 @@ class ClassificationDataModule(L.LightningDataModule):
     def augment_batch(self, x: Tensor, train: bool) -> Tensor:
         """uint8 (B, channels, h, w) -> float32 (B, in_chans, *img_size); crop/flip only if train."""
         if train and self.augment:
-            x = random_crop(x, self.crop_padding)
+            gen = self._augment_generator(x.device)
+            x = random_crop(x, self.crop_padding, gen)
             if self.hflip:
-                x = random_hflip(x)
+                x = random_hflip(x, generator=gen)
         return to_model_input(
             x, img_size=self.img_size, mean=self.mean, std=self.std, out_chans=self.in_chans, antialias=self.antialias
         )
+
+    def _augment_generator(self, device) -> torch.Generator | None:
+        """A generator seeded by (seed, rank, index of this batch in the run).
+
+        Lightning counts batches in its checkpointed loop state, so a run resumed after a kill
+        draws the same crops and flips as one that never stopped; ranks draw different ones.
+        """
+        fit_loop = getattr(self.trainer, "fit_loop", None)
+        if fit_loop is None:  # no trainer (a benchmark): the global RNG
+            return None
+        step = fit_loop.epoch_loop.batch_progress.total.ready  # batches before this one
+        gen = torch.Generator(device=device)
+        gen.manual_seed(hash((self.seed, self.trainer.global_rank, step)) & 0x7FFF_FFFF_FFFF_FFFF)
+        return gen
+
+    # ---- exact mid-epoch resume: how far into the epoch the checkpoint was written ------
+
+    def state_dict(self) -> dict:
+        if getattr(self.trainer, "fit_loop", None) is None:
+            return {}
+        done = self.trainer.fit_loop.epoch_loop.batch_progress.current.completed
+        return {"batches_done_in_epoch": int(done) if done < self.trainer.num_training_batches else 0}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume_batches = state.get("batches_done_in_epoch", 0)
 
     def transform(self, train: bool):
         """The standard path's per-image torchvision v2 pipeline for a split."""
@@ -312,15 +341,20 @@ class ClassificationDataModule(L.LightningDataModule):
 
     def _loader(self, ds: Dataset, *, train: bool) -> DataLoader:
         batch_size = self.batch_size if train else self.eval_batch_size
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        sampler = ShardedSampler(len(ds), num_replicas=world, rank=rank, shuffle=train and self.shuffle,
+                                 seed=self.seed, pad=train)
+        if train:
+            sampler.skip, self._resume_batches = getattr(self, "_resume_batches", 0) * batch_size, 0
         if self.fast_path:
             # Main-process indexing is one tensor op per batch: workers would only add IPC.
             return DataLoader(
-                ds, batch_size=batch_size, shuffle=train, collate_fn=identity_collate, pin_memory=self.pin_memory
+                ds, batch_size=batch_size, sampler=sampler, collate_fn=identity_collate, pin_memory=self.pin_memory
             )
         return DataLoader(
             ds,
             batch_size=batch_size,
-            shuffle=train,
+            sampler=sampler,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=self.pin_memory,

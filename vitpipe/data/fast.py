@@ -50,7 +50,7 @@ def identity_collate(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
     return batch
 
 
-def random_crop(x: Tensor, padding: int) -> Tensor:
+def random_crop(x: Tensor, padding: int, generator: torch.Generator | None = None) -> Tensor:
     """Zero-pad by ``padding`` and crop back to (H, W) at a random offset per sample.
 
     Same distribution as torchvision ``RandomCrop(size, padding=padding)`` (fill 0, offsets
@@ -61,8 +61,8 @@ def random_crop(x: Tensor, padding: int) -> Tensor:
         return x
     B, C, H, W = x.shape
     xp = F.pad(x, (padding, padding, padding, padding))  # (B, C, H + 2p, W + 2p)
-    off_y = torch.randint(0, 2 * padding + 1, (B, 1, 1, 1), device=x.device)
-    off_x = torch.randint(0, 2 * padding + 1, (B, 1, 1, 1), device=x.device)
+    off_y = torch.randint(0, 2 * padding + 1, (B, 1, 1, 1), device=x.device, generator=generator)
+    off_x = torch.randint(0, 2 * padding + 1, (B, 1, 1, 1), device=x.device, generator=generator)
     # Two gathers (rows, then columns) run ~2.5x faster on CPU than one 4-index advanced-indexing op.
     rows = (off_y + torch.arange(H, device=x.device).view(1, 1, H, 1)).expand(B, C, H, W + 2 * padding)
     xp = xp.gather(2, rows)  # (B, C, H, W + 2p)
@@ -70,9 +70,9 @@ def random_crop(x: Tensor, padding: int) -> Tensor:
     return xp.gather(3, cols)  # (B, C, H, W)
 
 
-def random_hflip(x: Tensor, p: float = 0.5) -> Tensor:
+def random_hflip(x: Tensor, p: float = 0.5, generator: torch.Generator | None = None) -> Tensor:
     """Flip each sample left-right with probability ``p``. x: (B, C, H, W)."""
-    flip = torch.rand(x.shape[0], device=x.device) < p  # (B,)
+    flip = torch.rand(x.shape[0], device=x.device, generator=generator) < p  # (B,)
     return torch.where(flip[:, None, None, None], x.flip(-1), x)
 
 

@@ -18,6 +18,10 @@ from torchmetrics.classification import MulticlassAccuracy
 from vitpipe.lit.optim import build_optimizer
 
 
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or inf."""
+
+
 class ImageClassifier(L.LightningModule):
     """Cross-entropy classification with top-1/top-5 accuracy per split.
 
@@ -29,13 +33,18 @@ class ImageClassifier(L.LightningModule):
         label_smoothing: Szegedy et al. 2016; passed to timm's Mixup when mixup is on.
         mixup: kwargs of ``timm.data.Mixup`` (mixup_alpha, cutmix_alpha, ...), or None.
         ema_decay: keep an EMA of the weights (timm ModelEmaV3) and validate/test with it.
-        compile: ``torch.compile`` the network for training.
+        compile: ``torch.compile`` the network for training. The compiled wrapper is not a
+            submodule, so checkpoints hold plain ``net.*`` keys (no ``_orig_mod.``).
+        nonfinite: what a NaN/inf loss does: ``"error"`` stops the run naming the step,
+            ``"skip"`` drops that batch (no optimizer step) and counts it in ``train/skipped``.
     """
 
     def __init__(self, net: nn.Module, optimizer, scheduler=None, *, warmup_fraction: float = 0.05,
                  label_smoothing: float = 0.0, mixup: dict | None = None, ema_decay: float | None = None,
-                 compile: bool = False) -> None:
+                 compile: bool = False, nonfinite: str = "error") -> None:
         super().__init__()
+        if nonfinite not in ("error", "skip"):
+            raise ValueError(f"module.nonfinite={nonfinite!r}; valid choices: error, skip")
         self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"], logger=False)
         self.net = net
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
@@ -50,7 +59,9 @@ class ImageClassifier(L.LightningModule):
             from timm.utils import ModelEmaV3
 
             self.ema = ModelEmaV3(net, decay=ema_decay)
-        self.train_net = torch.compile(net) if compile else net
+        # kept out of the module tree (``__dict__``) so state_dict keys stay ``net.*``
+        self.__dict__["train_net"] = torch.compile(net) if compile else net
+        self.skipped_batches = 0
 
         def accuracies():
             return MetricCollection({"acc": MulticlassAccuracy(n, top_k=1, average="micro"),
@@ -82,7 +93,14 @@ class ImageClassifier(L.LightningModule):
             self.train_acc(logits, y)
             self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
         if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss.item()} at global step {self.global_step}")
+            if self.hparams.nonfinite == "skip":
+                self.skipped_batches += 1
+                self.log("train/skipped", float(self.skipped_batches))
+                return None  # Lightning skips backward and the optimizer step for this batch
+            raise NonFiniteLossError(
+                f"loss is {loss.item()} at global step {self.global_step} (epoch {self.current_epoch}, batch "
+                f"{batch_idx}); lower module.optimizer.lr, or set module.nonfinite=skip to drop such batches"
+            )
         self.train_loss(loss)
         self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
         return loss

@@ -1,0 +1,224 @@
+"""Scale and sweeps: real 2-process DDP, multirun summaries, kill + resume, atomic checkpoints,
+compiled/DDP checkpoints loading into plain models, mixed precision, non-finite losses."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from vitpipe import create_model
+from vitpipe.models.timm_compat import load_pretrained
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["debug=fast", "trainer.limit_val_batches=1", "test=false", "callbacks.model_checkpoint.monitor=null",
+        "callbacks.model_checkpoint.save_top_k=0", "callbacks.progress_bar.refresh_rate=1000"]
+
+
+def _train_cli(*args, timeout=600, multirun=False):
+    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *(["-m"] if multirun else []), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
+
+
+def _last(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+
+
+def _net(ckpt: dict) -> dict:
+    return {k: v for k, v in ckpt["state_dict"].items() if k.startswith("net.")}
+
+
+def test_ddp_two_processes_equal_one_process_with_the_same_global_batch(tmp_path):
+    common = [*TINY, "trainer.max_epochs=1", "trainer.limit_train_batches=4", "data.shuffle=false",
+              "data.augment=false", "trainer.deterministic=true"]
+    ddp = _train_cli(*common, "trainer=ddp_cpu", "trainer.devices=2", "data.batch_size=8",
+                     f"hydra.run.dir={tmp_path / 'ddp'}")
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "effective batch 16 = 8 per device x 2 device(s)" in ddp.stdout
+    single = _train_cli(*common, "trainer=cpu", "data.batch_size=16", f"hydra.run.dir={tmp_path / 'one'}")
+    assert single.returncode == 0, single.stderr[-3000:]
+    a, b = _last(tmp_path / "ddp"), _last(tmp_path / "one")
+    assert a["global_step"] == b["global_step"] == 4
+    wa, wb = _net(a), _net(b)
+    assert wa.keys() == wb.keys() and not any(".module." in k or "_orig_mod" in k for k in wa)
+    worst = max((wa[k] - wb[k]).abs().max().item() for k in wa)
+    print(f"DDP(2x8) vs 1x16 after 4 steps: max |dw| = {worst:.2e}")
+    assert worst < 1e-5
+    # the DDP checkpoint loads into a plain model
+    model = create_model("vit_nano", in_chans=1, num_classes=10, dim=32, depth=1, num_heads=2, pos_embed="sincos2d")
+    ckpt_file = tmp_path / "ddp" / "checkpoints" / "last.ckpt"
+    load_pretrained(model, str(ckpt_file))
+    torch.testing.assert_close(model.head.weight, wa["net.head.weight"])
+
+
+def test_multirun_of_three_jobs_writes_a_summary_row_per_job(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = _train_cli(*TINY, "trainer.max_epochs=1", "trainer.limit_train_batches=2", "test=true",
+                   "trainer.limit_test_batches=1", "model.pos_embed=learned,sincos2d,learned2d",
+                   f"hydra.sweep.dir={sweep}", multirun=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    csv = (sweep / "summary.csv").read_text().strip().splitlines()
+    assert len(csv) == 1 + 3 and "model.pos_embed" in csv[0] and "test/acc" in csv[0]
+    col = csv[0].split(",").index("model.pos_embed")
+    assert col == 1  # the varied parameter comes first
+    assert {line.split(",")[col] for line in csv[1:]} == {"learned", "sincos2d", "learned2d"}
+    md = (sweep / "summary.md").read_text().strip().splitlines()
+    assert len(md) == 2 + 3 and all(line.endswith("done |") for line in md[2:])
+    assert (sweep / "summary.png").stat().st_size > 1000
+    # the report script rebuilds the same table from the job folders alone
+    for f in ("summary.csv", "summary.md", "summary.png"):
+        (sweep / f).unlink()
+    rebuilt = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_report.py"), str(sweep)],
+                             capture_output=True, text=True, timeout=120)
+    assert rebuilt.returncode == 0 and (sweep / "summary.csv").read_text().strip().splitlines() == csv
+
+
+def test_sigterm_mid_epoch_then_resume_matches_an_uninterrupted_run(tmp_path):
+    common = [*TINY, "trainer.max_epochs=2", "trainer.limit_train_batches=6", "data.batch_size=16",
+              "trainer.deterministic=true", "model.drop_path_rate=0.0"]
+    full = _train_cli(*common, f"hydra.run.dir={tmp_path / 'full'}")
+    assert full.returncode == 0, full.stderr[-3000:]
+
+    logs = tmp_path / "logs"
+    killed = _train_cli(*common, f"paths.log_dir={logs}", f"hydra.run.dir={logs / 'debug' / 'runs' / 'a'}",
+                        "+callbacks.kill._target_=vitpipe.lit.checkpointing.SignalAtStep", "+callbacks.kill.step=8")
+    assert killed.returncode == 128 + signal.SIGTERM, killed.stderr[-3000:]
+    assert "ckpt_path=last" in killed.stderr
+    interrupted = _last(logs / "debug" / "runs" / "a")
+    assert interrupted["global_step"] == 8 and interrupted["epoch"] == 1  # mid-way through the second epoch
+
+    resumed = _train_cli(*common, f"paths.log_dir={logs}", f"hydra.run.dir={logs / 'debug' / 'runs' / 'b'}",
+                         "ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = _last(tmp_path / "full"), _last(logs / "debug" / "runs" / "b")
+    assert a["global_step"] == b["global_step"] == 12
+    worst = max((a["state_dict"][k] - v).abs().max().item() for k, v in _net(b).items())
+    print(f"killed at step 8 + resumed vs uninterrupted: max |dw| = {worst:.2e}")
+    assert worst < 1e-6
+
+
+def test_atomic_checkpoint_write_survives_a_kill_during_save(tmp_path, monkeypatch):
+    from vitpipe.lit.checkpointing import AtomicCheckpointIO
+
+    io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 1}, path)
+
+    def dying_save(obj, f, *a, **k):
+        f.write(b"half a checkpoint")
+        raise KeyboardInterrupt  # the process is killed mid-write
+
+    monkeypatch.setattr(torch, "save", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}, "global_step": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True)["global_step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temp file left behind
+
+
+def test_compiled_module_checkpoint_has_plain_keys_and_loads(tmp_path):
+    from functools import partial
+
+    from vitpipe.lit import ImageClassifier
+
+    net = create_model("vit_micro", num_classes=4, depth=1)
+    module = ImageClassifier(net, partial(torch.optim.AdamW, lr=1e-3), compile=True)
+    keys = [k for k in module.state_dict() if "net." in k]
+    assert keys and all(k.startswith("net.") and "_orig_mod" not in k for k in keys)
+    torch.save({"state_dict": module.state_dict()}, tmp_path / "m.ckpt")
+    plain = load_pretrained(create_model("vit_micro", num_classes=4, depth=1), str(tmp_path / "m.ckpt"))
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(plain.eval()(x), net.eval()(x))
+
+
+def test_bf16_mixed_gives_the_same_classes_as_fp32_on_cpu(cfg_factory):
+    from vitpipe.train import build, train
+
+    preds = {}
+    for precision in ("32-true", "bf16-mixed"):
+        cfg = cfg_factory(*TINY[:1], "trainer.max_epochs=1", "trainer.limit_train_batches=8", "test=false",
+                          f"trainer.precision={precision}", "callbacks.model_checkpoint.monitor=null",
+                          sub=precision)
+        train(cfg)
+        ckpt = torch.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)
+        dm, net, _ = build(cfg)
+        net.load_state_dict({k[4:]: v for k, v in _net(ckpt).items()})
+        dm.setup("test")
+        x, y = next(iter(dm.test_dataloader()))
+        with torch.no_grad():
+            preds[precision] = net.eval()(dm.augment_batch(x, False)).argmax(1)
+    agree = (preds["32-true"] == preds["bf16-mixed"]).float().mean().item()
+    print(f"fp32 vs bf16-mixed training: {agree:.1%} of test predictions agree")
+    assert agree >= 0.8
+
+
+def _nan_after(net, calls: int):
+    count = {"n": 0}
+    forward = net.forward
+
+    def wrapped(x):
+        count["n"] += 1
+        out = forward(x)
+        return out * float("nan") if net.training and count["n"] == calls else out
+
+    net.forward = wrapped
+    return net
+
+
+@pytest.mark.parametrize("policy", ["error", "skip"])
+def test_nonfinite_loss_stops_naming_the_step_or_is_skipped(cfg_factory, policy):
+    from hydra.utils import instantiate
+
+    from vitpipe.lit.classifier import NonFiniteLossError
+    from vitpipe.train import build
+
+    cfg = cfg_factory(*TINY[:1], "trainer.max_epochs=1", "trainer.limit_train_batches=4", f"module.nonfinite={policy}")
+    dm, net, module = build(cfg)
+    _nan_after(net, 3)  # the third training forward returns NaN
+    trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
+    if policy == "error":
+        with pytest.raises(NonFiniteLossError, match=r"at global step 2 .*module.nonfinite=skip"):
+            trainer.fit(module, dm)
+    else:
+        trainer.fit(module, dm)
+        assert module.skipped_batches == 1  # the NaN batch was dropped (its optimizer step had no gradients)
+        assert all(torch.isfinite(p).all() for p in net.parameters())
+
+
+def test_lr_scaling_rule_and_effective_batch(cfg_factory, capsys):
+    from vitpipe.config import apply_lr_scaling
+
+    cfg = cfg_factory("lr_scaling.rule=linear", "lr_scaling.base_batch_size=256", "data.batch_size=32")
+    fake = SimpleNamespace(accumulate_grad_batches=2, world_size=4, num_devices=4, num_nodes=1, is_global_zero=True)
+    apply_lr_scaling(cfg, fake)
+    assert cfg.module.optimizer.lr == pytest.approx(1e-3 * 256 / 256)
+    assert "effective batch 256 = 32 per device x 4 device(s) x 1 node(s) x 2 accumulation" in capsys.readouterr().out
+    cfg = cfg_factory("lr_scaling.rule=sqrt", "data.batch_size=16")
+    apply_lr_scaling(cfg, SimpleNamespace(accumulate_grad_batches=1, world_size=1, num_devices=1, num_nodes=1,
+                                          is_global_zero=False))
+    assert cfg.module.optimizer.lr == pytest.approx(1e-3 * (16 / 256) ** 0.5)
+
+
+def test_sweeper_and_launcher_configs_compose(cfg_factory):
+    cfg = cfg_factory("hparams_search=optuna")
+    assert "OptunaSweeper" in cfg.hydra.sweeper._target_ and cfg.hydra.sweeper.direction == "maximize"
+    assert cfg.optimized_metric == "val/acc_best"
+    cfg = cfg_factory("hydra/launcher=slurm", "trainer=ddp", "trainer.devices=4", "trainer.num_nodes=2")
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    assert "SlurmLauncher" in launcher["_target_"] and launcher["tasks_per_node"] == 4 and launcher["nodes"] == 2
+
+
+def test_optuna_sweep_runs_two_trials(tmp_path):
+    sweep = tmp_path / "optuna"
+    r = _train_cli(*TINY, "trainer.max_epochs=1", "trainer.limit_train_batches=2", "hparams_search=optuna",
+                   "hydra.sweeper.n_trials=2", "hydra.sweeper.sampler.n_startup_trials=2",
+                   f"hydra.sweep.dir={sweep}", multirun=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    best = OmegaConf.load(sweep / "optimization_results.yaml")
+    assert 0.0 <= best.best_value <= 1.0 and "module.optimizer.lr" in best.best_params

@@ -1,0 +1,51 @@
+"""A sampler that shards over ranks itself and resumes mid-epoch.
+
+Lightning injects a ``DistributedSampler`` only when a loader has none; this one *is* one, so it
+is left alone and we control three things the injected one gets wrong for us:
+- evaluation shards are not padded, so validation accuracy counts every image exactly once;
+- the order is a pure function of (seed, epoch), so a resumed run sees the same batches;
+- ``skip`` drops the batches an interrupted epoch already trained on (exact resume after a kill).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DistributedSampler
+
+
+class ShardedSampler(DistributedSampler):
+    """Indices of one rank's shard: ``order[rank::num_replicas]``, from ``skip`` on.
+
+    Training (``pad=True``) repeats the head of the order so every rank gets the same count,
+    as DistributedSampler does (DDP needs equal step counts); evaluation (``pad=False``) does not.
+    """
+
+    def __init__(self, n: int, *, num_replicas: int = 1, rank: int = 0, shuffle: bool = True, seed: int = 0,
+                 pad: bool = True) -> None:
+        # no super().__init__: it would query torch.distributed; we are told the layout
+        self.n, self.num_replicas, self.rank = n, num_replicas, rank
+        self.shuffle, self.seed, self.pad, self.epoch = shuffle, seed, pad, 0
+        self.skip = 0  # samples of this rank's shard to drop once, on the next __iter__
+
+    def _indices(self) -> list[int]:
+        if self.shuffle:
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        else:
+            order = torch.arange(self.n)
+        if self.pad and self.n % self.num_replicas:
+            extra = self.num_replicas - self.n % self.num_replicas
+            order = torch.cat([order, order[:extra]])
+        return order[self.rank :: self.num_replicas].tolist()
+
+    def __iter__(self):
+        indices, skip = self._indices(), self.skip
+        self.skip = 0
+        return iter(indices[skip:])
+
+    def __len__(self) -> int:
+        if self.pad:
+            return -(-self.n // self.num_replicas)
+        return len(range(self.rank, self.n, self.num_replicas))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
