@@ -230,3 +230,18 @@ def test_coco_missing_or_bad_files_raise_config_error(tmp_path):
     dm = COCOCaptionDataModule(root=str(tmp_path), splits=splits)
     with pytest.raises(ConfigError, match="not valid JSON"):
         dm.model_kwargs()
+
+
+def test_coco_config_composes_and_builds_on_a_written_folder(cfg_factory, tmp_path):
+    from vitpipe.train import build
+
+    splits = write_coco(tmp_path / "coco")
+    cfg = cfg_factory("experiment=caption_shapes", "data=coco_captions", "debug=fast", f"data.root={tmp_path / 'coco'}",
+                      *(f"data.splits.{s}.{k}={v}" for s, spec in splits.items() for k, v in spec.items()),
+                      "data.min_word_freq=1", "data.num_workers=0", "data.pin_memory=false")
+    dm, net, module = build(cfg)
+    assert net.vocab_size == dm.tokenizer.vocab_size and module.tokenizer is dm.tokenizer
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["images"].shape[1:] == (3, 32, 32)  # the encoder's img_size
+    assert net(batch["images"], batch["tokens"]).shape[:2] == batch["tokens"].shape

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torchmetrics import MaxMetric, MeanMetric
 
+from vitpipe.errors import ConfigError
 from vitpipe.lit.optim import build_optimizer
 from vitpipe.metrics import CaptionScores
 from vitpipe.models.captioner import Captioner
@@ -47,7 +48,7 @@ class CaptionModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters(ignore=["net", "tokenizer", "optimizer", "scheduler"], logger=False)
         if tokenizer.vocab_size != net.vocab_size or tokenizer.pad_id != net.pad_id:
-            raise ValueError(f"tokenizer (vocab_size={tokenizer.vocab_size}) and model (vocab_size={net.vocab_size}) "
+            raise ConfigError(f"tokenizer (vocab_size={tokenizer.vocab_size}) and model (vocab_size={net.vocab_size}) "
                              "disagree; build the model from the data module's model_kwargs()")
         self.net, self.tokenizer = net, tokenizer
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
@@ -132,11 +133,12 @@ class CaptionModule(L.LightningModule):
 
     def write_predictions(self, path: str | Path) -> Path:
         """Write the last validation/test epoch's captions as COCO results JSON
-        (``[{"image_id", "caption"}, ...]``, sorted by image id, every rank's included)."""
+        (``[{"image_id", "caption"}, ...]``, sorted by image id, every rank's included; the
+        repeats a DistributedSampler pads with appear once)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        rows = sorted(({"image_id": p["image_id"], "caption": p["caption"]} for p in self.predictions),
-                      key=lambda p: p["image_id"])
+        captions = {p["image_id"]: p["caption"] for p in self.predictions}
+        rows = [{"image_id": i, "caption": captions[i]} for i in sorted(captions)]
         path.write_text(json.dumps(rows, indent=1) + "\n")
         return path
 
