@@ -38,6 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--tf32", action="store_true", help="let fp32 matmuls use TF32 on CUDA")
     p.add_argument("--only", default=",".join(DEFAULT_ONLY), help="vit,lightning,data,switches")
+    p.add_argument("--switches", default="", help="subset of the switches comparison, e.g. adamw_fused,sdpa_math "
+                   "(default: all; compile's warm-up takes a minute on a CPU)")
     p.add_argument("--out", default=None, help="write the result as JSON here")
     return p.parse_args(argv)
 
@@ -48,7 +50,7 @@ def main(argv=None) -> int:
         cfg = BenchConfig(variant=args.variant, img_size=args.img_size, batch_size=args.batch_size,
                           num_classes=args.num_classes, precision=args.precision, device=args.device,
                           compile=args.compile, steps=args.steps, warmup=args.warmup, repeats=args.repeats,
-                          workers=args.workers)
+                          workers=args.workers, switches=tuple(n for n in args.switches.split(",") if n))
         only = parse_only(args.only)
     except ConfigError as e:
         print(f"benchmark: error: {e}", file=sys.stderr)

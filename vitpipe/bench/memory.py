@@ -56,7 +56,9 @@ class StepMemory:
 
 
 def _profiled_cpu_peak(prof) -> int:
-    """Highest 'Total Allocated' of the CPU allocation records in the profiler's (public) trace."""
+    """Peak of the running sum of the CPU allocation records (bytes +, frees -) in the profiler's
+    public trace. Not its 'Total Allocated' field: that counter carries over between profiling
+    sessions (blocks allocated under one and freed outside it are never subtracted)."""
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
@@ -65,9 +67,13 @@ def _profiled_cpu_peak(prof) -> int:
             events = json.load(f)["traceEvents"]
     finally:
         os.remove(path)
-    totals = [e["args"]["Total Allocated"] for e in events
-              if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0]
-    return max([0, *totals])
+    records = sorted((e["ts"], e["args"]["Bytes"]) for e in events
+                     if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0)
+    held = peak = 0
+    for _, nbytes in records:
+        held += nbytes
+        peak = max(peak, held)
+    return peak
 
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:

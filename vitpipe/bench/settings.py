@@ -12,6 +12,8 @@ from vitpipe.models.registry import VARIANTS
 
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")  # Lightning's names; the plain loops autocast the same way
 COMPARISONS = ("vit", "lightning", "data", "switches")
+SWITCHES = ("adamw_foreach", "adamw_fused", "compile", "channels_last", "sdpa_math", "sdpa_flash", "sdpa_efficient",
+            "sdpa_cudnn")  # vitpipe.bench.switches; the last two exist on CUDA only
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,7 @@ class BenchConfig:
     steps: timed steps per repeat and contender; warmup: untimed steps before them (compilation,
     allocator and worker start-up land there); repeats: the reported figure is the median over
     repeats. workers: DataLoader processes of the PIL path (the fast path uses none).
+    switches: which speed switches to time (names in vitpipe.bench.switches; () for all).
     """
 
     variant: str = "vit_ti4"
@@ -35,6 +38,7 @@ class BenchConfig:
     repeats: int = 3
     workers: int = 2
     seed: int = 0
+    switches: tuple[str, ...] = ()  # the "switches" comparison's subset; () = every switch
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -52,6 +56,9 @@ class BenchConfig:
                 raise ConfigError(f"{name}={getattr(self, name)}: expected an int >= 1")
         if self.warmup < 1 or self.workers < 0:
             raise ConfigError(f"warmup={self.warmup}, workers={self.workers}: expected warmup >= 1, workers >= 0")
+        unknown = [n for n in self.switches if n not in SWITCHES]
+        if unknown:
+            raise ConfigError(f"switches {unknown} unknown; valid choices: {', '.join(SWITCHES)}")
         patch = VARIANTS[self.variant]["patch_size"]
         if self.size % patch:
             raise ConfigError(f"img_size={self.size} is not a multiple of {self.variant}'s patch size {patch}")

@@ -32,7 +32,7 @@ def _variants(cfg: BenchConfig) -> dict[str, dict]:
         "channels_last": {**base, "channels_last": True},
     }
     out.update({name: {**base, "sdpa": backend} for name, backend in SDPA_BACKENDS[cfg.device].items()})
-    return out
+    return {n: v for n, v in out.items() if n == "baseline" or not cfg.switches or n in cfg.switches}
 
 
 def _step(cfg: BenchConfig, spec: dict, state: dict, x, y):
@@ -58,7 +58,8 @@ def _step(cfg: BenchConfig, spec: dict, state: dict, x, y):
 def compare_switches(cfg: BenchConfig) -> dict:
     x, y = random_batch(cfg)
     state = {k: v.detach().clone() for k, v in build_vit(cfg).state_dict().items()}
-    steps, failed = {}, {}
+    steps = {}
+    failed = {n: f"not offered on {cfg.device}" for n in cfg.switches if n not in _variants(cfg)}
     for name, spec in _variants(cfg).items():
         try:
             step = _step(cfg, spec, state, x, y)

@@ -1,0 +1,176 @@
+"""The benchmark harness (vitpipe.bench, scripts/benchmark.py) and the experiment recipes."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from hydra.utils import instantiate
+
+from vitpipe.bench import SCHEMA, BenchConfig, format_table, run
+from vitpipe.bench.flops import flops_per_image, peak_tflops
+from vitpipe.bench.memory import StepMemory
+from vitpipe.bench.models import build_pair, make_optimizer, random_batch, train_step
+from vitpipe.bench.timing import interleave_steps, paired_ratio
+from vitpipe.bench.vit import max_logit_diff
+from vitpipe.errors import ConfigError
+from vitpipe.nn.pos_embed import SinCos2DPosEmbed
+from vitpipe.train import build, train
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(variant="vit_micro", batch_size=4, steps=2, warmup=1, repeats=1, workers=0)
+PHASES = {"vit": ("train", "infer"), "lightning": ("train",), "data": ("load",), "switches": ("train",)}
+
+
+def _check_schema(result: dict, only) -> None:
+    assert result["schema"] == SCHEMA
+    assert result["config"]["variant"] == "vit_micro" and result["config"]["img_size"] == 32
+    assert {"torch", "timm", "lightning", "device_name", "loadavg_1m_start"} <= set(result["env"])
+    assert set(result["results"]) == set(only)
+    for comp, res in result["results"].items():
+        assert res["ratios"] and all(math.isfinite(v) and v > 0 for v in res["ratios"].values()), comp
+        for name, phases in res["contenders"].items():
+            for phase in PHASES[comp]:
+                s = phases[phase]
+                assert math.isfinite(s["img_s"]) and s["img_s"] > 0, (comp, name, phase)
+                assert s["step_s"] > 0 and s["timed_steps"] == 2
+                assert s["img_s"] == pytest.approx(4 / s["step_s"])
+
+
+def test_harness_runs_every_comparison_and_writes_the_schema(tmp_path):
+    only = ("vit", "lightning", "data", "switches")
+    cfg = BenchConfig(**TINY, switches=("adamw_fused", "sdpa_math"))
+    result = run(cfg, only)
+    _check_schema(result, only)
+    vit = result["results"]["vit"]
+    assert vit["max_abs_logit_diff"] < 1e-5
+    for name in ("vitpipe", "timm"):  # the same network: the same peak step memory and resident state
+        mem = vit["contenders"][name]["train"]["memory"]
+        assert mem["peak_step_bytes"] > 0 and mem["state_bytes"] > 0
+    assert vit["contenders"]["vitpipe"]["train"]["memory"] == vit["contenders"]["timm"]["train"]["memory"]
+    assert vit["flops_per_image"]["train"] == pytest.approx(3 * vit["flops_per_image"]["forward"], rel=0.01)
+    assert set(result["results"]["switches"]["contenders"]) == {"baseline", "adamw_fused", "sdpa_math"}
+    assert "lightning/plain" in format_table(result)
+    json.dumps(result)  # plain JSON types only
+
+
+def test_cli_writes_json_and_rejects_bad_names(tmp_path, capsys):
+    main = runpy.run_path(str(ROOT / "scripts" / "benchmark.py"), run_name="benchmark")["main"]
+    out = tmp_path / "r.json"
+    argv = ["--variant", "vit_micro", "--batch-size", "4", "--steps", "2", "--warmup", "1", "--repeats", "1",
+            "--only", "vit", "--out", str(out)]
+    assert main(argv) == 0
+    _check_schema(json.loads(out.read_text()), ("vit",))
+    assert "vitpipe/timm" in capsys.readouterr().out
+    assert main(["--only", "vit,bogus"]) == 2
+    assert main(["--variant", "vit_zz"]) == 2
+    assert "vit_zz" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [dict(precision="bf16"), dict(device="tpu"), dict(steps=0), dict(img_size=30),
+                                 dict(switches=("turbo",))])
+def test_bad_settings_raise_config_error(bad):
+    with pytest.raises(ConfigError):
+        BenchConfig(**{**TINY, **bad})
+
+
+def test_harness_pair_is_the_same_network():
+    """Equal logits before and after one identical AdamW step: same weights, config and optimizer."""
+    cfg = BenchConfig(**TINY)
+    ours, theirs = build_pair(cfg)
+    renamed = lambda sd: {("pos_embed.weight" if k == "pos_embed" else k): v for k, v in sd.items()}  # noqa: E731
+    shapes = lambda sd: {k: tuple(v.shape) for k, v in sd.items()}  # noqa: E731
+    assert shapes(ours.state_dict()) == shapes(renamed(theirs.state_dict()))
+    with torch.no_grad():  # timm's init leaves biases and tokens ~0: randomise so every weight matters
+        for p in theirs.parameters():
+            p.normal_(std=0.2)
+    ours.load_state_dict(renamed(theirs.state_dict()))
+    x, y = random_batch(cfg)
+    assert max_logit_diff(ours, theirs, x) < 1e-5
+    for net in (ours, theirs):
+        train_step(net.train(), make_optimizer(net), x, y, cfg)()
+    assert max_logit_diff(ours, theirs, x) < 1e-4
+
+
+def test_interleaving_alternates_who_goes_first():
+    calls = []
+    times = interleave_steps({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                             steps=2, warmup=1, repeats=2, device="cpu")
+    assert calls == ["a", "b"] + ["a", "b", "b", "a"] * 2
+    assert [len(r) for r in times["a"]] == [2, 2]
+    assert paired_ratio([[2.0, 4.0, 6.0]], [[1.0, 1.0, 2.0]]) == 3.0
+
+
+def test_cpu_step_memory_counts_what_the_step_allocates():
+    with StepMemory("cpu") as mem:
+        x = torch.ones(1024, 1024)  # 4 MiB
+        y = x + 1  # another 4 MiB
+        del x, y
+    assert 8 * 2**20 <= mem.peak_step_bytes < 9 * 2**20
+
+
+def test_flops_match_the_closed_form():
+    cfg = BenchConfig(**TINY)
+    ours, _ = build_pair(cfg)
+    n, d, depth = 65, 64, 4  # 8x8 patches + class token
+    forward = depth * (24 * n * d * d + 4 * n * n * d) + 2 * 64 * (3 * 16) * d + 2 * d * 10
+    flops = flops_per_image(ours, 32)
+    assert flops["forward"] == forward
+    assert flops["train"] == pytest.approx(3 * forward, rel=0.01)
+    assert peak_tflops("NVIDIA H200", "bf16-mixed") == 989.0 and peak_tflops("NVIDIA H100 PCIe", "32-true") == 51.2
+    assert peak_tflops("Some Future GPU", "bf16-mixed") is None
+
+
+# ---- the experiment recipes --------------------------------------------------------------
+
+
+def test_fmnist_recipe_composes_and_instantiates(cfg_factory):
+    full = cfg_factory("experiment=fmnist_vit")
+    assert full.data._target_.endswith("FashionMNISTDataModule") and full.trainer.accelerator == "cpu"
+    assert (full.model.patch_size, full.model.img_size, full.model.pos_embed) == (4, 28, "sincos2d")
+    cfg = cfg_factory("experiment=fmnist_vit", "debug=fast", sub="fast")
+    net = instantiate(cfg.model)
+    assert isinstance(net.pos_embed, SinCos2DPosEmbed) and net.grid_size == (7, 7) and net.in_chans == 1
+    dm = instantiate(cfg.data)
+    assert dm.img_size == (28, 28) and dm.num_classes == 10 and dm.fast_path
+    module = instantiate(cfg.module, net=net)
+    assert module.hparams.label_smoothing == 0.1 and module.mixup is None
+    with torch.no_grad():
+        assert net(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+
+
+def write_cifar10(root: Path, *, per_batch: int, n_test: int) -> None:
+    """CIFAR-10's python layout (pickled dicts, rows R|G|B), random pixels: stand-in files."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name, n in [(f"data_batch_{i}", per_batch) for i in range(1, 6)] + [("test_batch", n_test)]:
+        with open(folder / name, "wb") as f:
+            pickle.dump({"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                         "labels": rng.integers(0, 10, n).tolist()}, f)
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
+
+
+def test_cifar10_recipe_composes_and_fast_dev_runs_on_cpu(cfg_factory, tmp_path, monkeypatch):
+    full = cfg_factory("experiment=cifar10_vit", sub="full")
+    assert full.trainer.accelerator == "gpu" and full.trainer.max_epochs == 200
+    assert (full.model.name, full.model.patch_size, full.data.batch_size) == ("vit_s4", 4, 512)
+    assert full.data.auto_augment and not full.data.fast_path and full.module.mixup.cutmix_alpha == 1.0
+    # torchvision checks the files' md5 against the real archive; these are stand-ins
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "_check_integrity", lambda self: True)
+    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda *a, **k: True)
+    cfg = cfg_factory("experiment=cifar10_vit", "debug=fast", "+trainer.fast_dev_run=true", "data.num_workers=0",
+                      "data.val_split=8", "data.pin_memory=false", sub="dev")
+    write_cifar10(Path(cfg.paths.data_dir), per_batch=8, n_test=16)
+    dm, net, module = build(cfg)
+    assert module.mixup is not None and dm.auto_augment == "rand-m9-n2-mstd0.5"
+    metrics = train(cfg)
+    assert math.isfinite(metrics["test/loss"]) and 0.0 <= metrics["test/acc"] <= 1.0
