@@ -1,0 +1,3 @@
+from vitpipe.lit.classifier import ImageClassifier
+
+__all__ = ["ImageClassifier"]
