@@ -178,3 +178,45 @@ def test_vit_b16_on_synthetic_runs_at_224(cfg_factory):
     net.register_forward_pre_hook(lambda m, a: seen.append(tuple(a[0].shape)))
     instantiate(cfg.trainer, logger=False, enable_checkpointing=False).fit(module, dm)
     assert seen and all(s[-2:] == (224, 224) and s[1] == 3 for s in seen)
+
+
+def test_eval_script_reproduces_the_test_metrics_from_the_checkpoint_alone(cfg_factory, tmp_path):
+    from vitpipe.evaluate import evaluate
+
+    cfg = cfg_factory("debug=fast", "trainer.limit_test_batches=null", sub="train")
+    metrics = train(cfg)
+    best = Path(cfg.paths.output_dir) / "checkpoints"
+    ckpt = next(p for p in best.glob("epoch_*.ckpt"))
+    ecfg = cfg_factory(f"ckpt_path={ckpt}", "trainer.accelerator=cpu", "trainer.precision=32-true",
+                       config_name="eval", sub="eval")
+    scores = evaluate(ecfg)
+    assert scores["test/acc"] == pytest.approx(metrics["test/acc"], abs=1e-6)
+    assert json.loads((Path(ecfg.paths.output_dir) / "metrics.json").read_text())["test/acc"] == scores["test/acc"]
+    with pytest.raises(ConfigError, match="no such file"):
+        evaluate(cfg_factory(f"ckpt_path={tmp_path / 'nope.ckpt'}", config_name="eval", sub="bad"))
+
+
+def test_mixup_cutmix_and_ema_train(cfg_factory):
+    cfg = cfg_factory("debug=fast", "trainer.limit_train_batches=4", "test=false",
+                      "+module.mixup={mixup_alpha: 0.8, cutmix_alpha: 1.0}", "module.ema_decay=0.5")
+    dm, net, module = build(cfg)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
+    trainer.fit(module, dm)
+    ema = module.ema.module.state_dict()
+    changed = [k for k, v in net.state_dict().items() if v.is_floating_point() and not torch.equal(v, before[k])]
+    assert changed, "training did not change the weights"
+    # the EMA trails the weights: it moved, but is not equal to them
+    assert any(not torch.equal(ema[k], net.state_dict()[k]) for k in changed)
+    assert any(not torch.equal(ema[k], before[k]) for k in changed)
+    assert module.mixup is not None and module.mixup.mixup_alpha == 0.8
+
+
+def test_wandb_offline_run_is_written_and_closed(cfg_factory, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    cfg = cfg_factory("debug=fast", "logger=[csv,wandb]", "test=false", "trainer.limit_train_batches=2")
+    train(cfg)
+    assert wandb.run is None  # finished, so the next job of a sweep starts its own run
+    runs = list((Path(cfg.paths.output_dir) / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
