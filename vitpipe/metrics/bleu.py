@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import torch
-from pycocoevalcap.bleu.bleu import Bleu
 from torch import Tensor
 
-from vitpipe.metrics.corpus import CaptionCorpus
+from vitpipe.metrics.corpus import CaptionCorpus, coco_scorer
 
 
 def bleu_score(gts: dict, res: dict, n: int = 4) -> Tensor:
     """BLEU-1..n over the corpus, all references per image, "closest" reference length for the
     brevity penalty (pycocoevalcap's ``Bleu``). Returns float64 (n,)."""
-    scores, _ = Bleu(n).compute_score(gts, res, verbose=0)
+    scores, _ = coco_scorer("bleu.bleu", "Bleu")(n).compute_score(gts, res, verbose=0)
     return torch.tensor(scores, dtype=torch.float64)
 
 

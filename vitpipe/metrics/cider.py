@@ -10,15 +10,14 @@ comes from the references of the evaluated corpus, so the score depends on the w
 from __future__ import annotations
 
 import torch
-from pycocoevalcap.cider.cider import Cider
 from torch import Tensor
 
-from vitpipe.metrics.corpus import CaptionCorpus
+from vitpipe.metrics.corpus import CaptionCorpus, coco_scorer
 
 
 def cider_d_score(gts: dict, res: dict, sigma: float = 6.0) -> Tensor:
     """Corpus CIDEr-D: mean over images of the clipped, length-penalised tf-idf cosine, x10."""
-    score, _ = Cider(sigma=sigma).compute_score(gts, res)
+    score, _ = coco_scorer("cider.cider", "Cider")(sigma=sigma).compute_score(gts, res)
     return torch.tensor(float(score), dtype=torch.float64)
 
 

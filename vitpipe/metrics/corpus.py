@@ -18,6 +18,7 @@ needed. pycocoevalcap's BLEU and CIDEr are pure Python; METEOR and SPICE need Ja
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,6 +28,15 @@ from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
 from vitpipe.text.tokenizer import WORD, split_words
+
+
+def coco_scorer(module: str, name: str):
+    """A pycocoevalcap scorer class, imported on first use so that ``import vitpipe`` works without
+    the captioning extra."""
+    try:
+        return getattr(importlib.import_module(f"pycocoevalcap.{module}"), name)
+    except ImportError as e:
+        raise ImportError("caption metrics need pycocoevalcap: pip install 'vitpipe[caption]'") from e
 
 
 def normalize(text: str) -> str:
