@@ -195,14 +195,16 @@ def test_lr_scaling_rule_and_effective_batch(cfg_factory, capsys):
     from vitpipe.config import apply_lr_scaling
 
     cfg = cfg_factory("lr_scaling.rule=linear", "lr_scaling.base_batch_size=256", "data.batch_size=32")
+    base_lr = cfg.module.optimizer.lr
     fake = SimpleNamespace(accumulate_grad_batches=2, world_size=4, num_devices=4, num_nodes=1, is_global_zero=True)
     apply_lr_scaling(cfg, fake)
-    assert cfg.module.optimizer.lr == pytest.approx(1e-3 * 256 / 256)
+    assert cfg.module.optimizer.lr == pytest.approx(base_lr * 256 / 256)
     assert "effective batch 256 = 32 per device x 4 device(s) x 1 node(s) x 2 accumulation" in capsys.readouterr().out
-    cfg = cfg_factory("lr_scaling.rule=sqrt", "data.batch_size=16")
+    cfg = cfg_factory("lr_scaling.rule=sqrt", "data.batch_size=16", "lr_scaling.base_batch_size=64")
+    base_lr = cfg.module.optimizer.lr
     apply_lr_scaling(cfg, SimpleNamespace(accumulate_grad_batches=1, world_size=1, num_devices=1, num_nodes=1,
                                           is_global_zero=False))
-    assert cfg.module.optimizer.lr == pytest.approx(1e-3 * (16 / 256) ** 0.5)
+    assert cfg.module.optimizer.lr == pytest.approx(base_lr * (16 / 64) ** 0.5)
 
 
 def test_sweeper_and_launcher_configs_compose(cfg_factory):
