@@ -1,0 +1,354 @@
+"""``visualize(cfg) -> written paths``: the testable body of ``scripts/visualize_attention.py``.
+
+checkpoint -> network (+ data module) -> images (a folder, or the val/test split) -> maps -> PNGs:
+
+    <out>/<kind>/<NNN_name>.png   one figure per image: the input, then its overlay(s)
+    <out>/<kind>_grid.png         every image's overlay in one figure
+
+Classifiers: kind ``rollout`` (Abnar & Zuidema 2020), ``gradient`` (Chefer et al. 2021, for the
+predicted class) and ``heads`` (each head of the last layer, the class token's row). Captioners:
+kind ``caption`` (the generated caption, one cross-attention overlay per generated word), plus
+``rollout``/``heads`` of the ViT encoder when the method asks for them.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from omegaconf import DictConfig
+from torch import Tensor
+from tqdm import tqdm
+
+from vitpipe.data.fast import to_model_input
+from vitpipe.errors import ConfigError
+from vitpipe.viz.checkpoint import load_from_checkpoint
+from vitpipe.viz.overlay import overlay, overlay_grid, save_figure, to_numpy_image, unnormalize
+from vitpipe.viz.rollout import (
+    FUSIONS,
+    attention_maps,
+    attention_rollout,
+    cross_attention_maps,
+    gradient_rollout,
+)
+
+METHODS = ("rollout", "gradient", "heads", "all")
+SPLITS = ("val", "test")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+# both caption data sets normalise with ImageNet statistics and do not expose them
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@dataclass
+class Images:
+    """What gets visualised: model inputs, their display form, names, and labels where known."""
+
+    x: Tensor  # (B, in_chans, H, W) normalised model input
+    display: Tensor  # (B, channels, H, W) in [0, 1]
+    names: list[str]
+    labels: list[str] | None = None
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_options(cfg: DictConfig) -> None:
+    """Everything checkable before the checkpoint loads."""
+    if cfg.method not in METHODS:
+        raise ConfigError(f"method={cfg.method!r} is not valid; choose one of {list(METHODS)}")
+    if cfg.head_fusion not in FUSIONS:
+        raise ConfigError(f"head_fusion={cfg.head_fusion!r} is not valid; choose one of {list(FUSIONS)}")
+    ratio = cfg.discard_ratio
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio < 1.0:
+        raise ConfigError(f"discard_ratio={ratio!r} is not valid; use a number in [0, 1)")
+    for key in ("num_images", "max_words"):
+        n = cfg.get(key)
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ConfigError(f"{key}={n!r} is not valid; use a positive int, or null for " +
+                              ("every image" if key == "num_images" else "the decoder's max_len"))
+    if cfg.images is None or str(cfg.images) == "":
+        raise ConfigError(f"images is not set; pass a folder of images or a data split: {list(SPLITS)}")
+    if str(cfg.images) not in SPLITS and not Path(str(cfg.images)).is_dir():
+        raise ConfigError(
+            f"images={cfg.images}: neither a folder nor a data split; pass a folder of images or one of {list(SPLITS)}"
+        )
+
+
+def checkpoint_file(value) -> Path:
+    """A .ckpt file as given, or a run directory's best checkpoint (its newest last.ckpt if none other)."""
+    if value in (None, ""):
+        raise ConfigError("ckpt_path is not set; pass ckpt_path=<a .ckpt file or a run directory>")
+    path = Path(str(value))
+    if path.is_dir():
+        found = sorted(path.rglob("*.ckpt"), key=lambda p: (p.name != "last.ckpt", p.stat().st_mtime))
+        if not found:
+            raise ConfigError(f"ckpt_path={value}: that directory holds no .ckpt file; "
+                              "pass a checkpoint or a run directory")
+        return found[-1]  # newest non-last checkpoint: ModelCheckpoint keeps the best (save_top_k=1)
+    if not path.is_file():
+        raise ConfigError(f"ckpt_path={value}: no such file; pass a .ckpt file or a run directory")
+    return path
+
+
+def kinds_for(method: str, captioner: bool) -> list[str]:
+    if not captioner:
+        return ["rollout", "gradient", "heads"] if method == "all" else [method]
+    if method == "gradient":
+        raise ConfigError(
+            "method=gradient needs a class logit, and this checkpoint is a captioner; "
+            "use method=rollout, heads or all (captions are always drawn)"
+        )
+    return ["caption", *(["rollout", "heads"] if method == "all" else [method])]
+
+
+# --------------------------------------------------------------------------- images
+
+
+def data_stats(dm, encoder) -> tuple[tuple[float, ...], tuple[float, ...], int]:
+    """(mean, std, channels) the checkpoint's data normalised with."""
+    channels = int(getattr(dm, "channels", encoder.in_chans))
+    mean, std = getattr(dm, "mean", None), getattr(dm, "std", None)
+    if mean is None or std is None:  # caption data sets: ImageNet statistics (1 channel: their average)
+        mean, std = IMAGENET_MEAN, IMAGENET_STD
+        if channels == 1:
+            mean, std = (sum(mean) / 3,), (sum(std) / 3,)
+    return tuple(mean), tuple(std), channels
+
+
+def folder_images(folder: Path, num_images: int | None, *, encoder, mean, std, channels: int) -> Images:
+    """Images of a folder (sorted by name), resized whole to the model's img_size and normalised."""
+    from PIL import Image
+
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise ConfigError(
+            f"images={folder} holds no images ({', '.join(IMAGE_SUFFIXES)}); "
+            f"pass a folder of images or a data split: {list(SPLITS)}"
+        )
+    files = files[:num_images]
+    xs = []
+    for f in files:
+        try:
+            with Image.open(f) as im:
+                pixels = np.asarray(im.convert("L" if channels == 1 else "RGB"))
+        except OSError as e:
+            raise ConfigError(f"cannot read image {f}: {e}; remove it or pass another folder") from None
+        x = torch.from_numpy(pixels.copy())
+        x = x[None] if x.dim() == 2 else x.permute(2, 0, 1)  # (C, h, w) uint8
+        # antialias: photos are usually larger than the model's input, and plain bilinear aliases when shrinking
+        xs.append(to_model_input(x[None], img_size=tuple(encoder.img_size), mean=mean, std=std,
+                                 out_chans=encoder.in_chans, antialias=True))
+    x = torch.cat(xs)  # (B, in_chans, H, W)
+    names = [f"{i:03d}_{f.stem}" for i, f in enumerate(files)]
+    return Images(x, unnormalize(x[:, :channels], mean, std), names)
+
+
+def split_images(dm, split: str, num_images: int | None, *, mean, std, channels: int) -> Images:
+    """The first images of the data module's val or test split, as the model sees them in evaluation."""
+    if dm is None:
+        raise ConfigError(f"images={split}: the checkpoint's data module cannot be built here; pass a folder of images")
+    if hasattr(dm, "check"):
+        dm.check()  # files present (or a ConfigError saying how to get them)
+    dm.setup({"val": "validate", "test": "test"}[split])
+    loader = getattr(dm, f"{split}_dataloader")()
+    xs, labels, seen = [], [], 0
+    for batch in loader:
+        if isinstance(batch, dict):  # captioning: images and reference captions
+            x, batch_labels = batch["images"], [refs[0] for refs in batch["refs"]]
+        else:
+            x, y = batch
+            if getattr(dm, "fast_path", False):  # uint8 on the fast path: the eval transform (no augmentation)
+                x = dm.augment_batch(x, train=False)
+            names = getattr(dm, "class_names", None)
+            batch_labels = [names[i] if names else str(i) for i in y.tolist()]
+        xs.append(x)
+        labels += batch_labels
+        seen += len(x)
+        if num_images is not None and seen >= num_images:
+            break
+    if not xs:
+        raise ConfigError(f"images={split}: that split is empty for this data set; pass another split or a folder")
+    x = torch.cat(xs)[:num_images]
+    names = [f"{split}_{i:04d}" for i in range(len(x))]
+    return Images(x, unnormalize(x[:, :channels], mean, std), names, labels[: len(x)])
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def panel_figure(image, heatmaps, titles, *, suptitle: str | None = None, ncols: int = 5, alpha: float = 0.5,
+                 cmap: str = "jet", panel_size: float = 2.5) -> Figure:
+    """The image alone, then one overlay per heatmap; ``titles`` has one entry per panel (image first)."""
+    n = 1 + len(heatmaps)
+    ncols = min(ncols, n)
+    nrows = math.ceil(n / ncols)
+    fig = Figure(figsize=(panel_size * ncols, panel_size * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    axes[0].imshow(to_numpy_image(image))
+    axes[0].set_axis_off()
+    for ax, heat in zip(axes[1:], heatmaps):
+        overlay(image, heat, alpha=alpha, cmap=cmap, ax=ax)
+    for ax, title in zip(axes, titles):
+        ax.set_title(title, fontsize=9)
+    for ax in axes[n:]:
+        ax.set_axis_off()
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=10)
+    return fig
+
+
+def map_figure(kind: str, image, maps: Tensor, label: str, name: str, style: dict) -> tuple[Figure, tuple]:
+    """One image's rollout / gradient figure ((h, w) map) or per-head figure ((heads, h, w)), and its grid
+    entry (titled by ``label``, the prediction, else by the image's ``name``)."""
+    if kind == "heads":
+        heads = list(maps)
+        fig = panel_figure(image, heads, ["input", *(f"head {h}" for h in range(len(heads)))], ncols=len(heads) + 1,
+                           suptitle=f"last layer, per head. {label}".strip(), **style)
+        return fig, (heads, None)
+    what = "attention rollout" if kind == "rollout" else "gradient rollout"  # gradient: for the predicted class
+    return panel_figure(image, [maps], ["input", what], suptitle=label or None, **style), (maps, label or name)
+
+
+def caption_figure(image, words: list[str], maps: Tensor, reference: str | None, grid_size,
+                   style: dict) -> tuple[Figure, tuple]:
+    """The caption over one overlay per word ((T, h, w) maps); the grid shows the mean over words."""
+    caption = " ".join(words)
+    fig = panel_figure(image, list(maps), ["input", *words], ncols=6, **style,
+                       suptitle=_wrap(caption, 60) + (f"\nref: {reference}" if reference else ""))
+    mean_map = maps.mean(dim=0) if len(words) else torch.zeros(tuple(grid_size))
+    return fig, (mean_map, _wrap(caption))
+
+
+def _wrap(text: str, width: int = 28) -> str:
+    return "\n".join(textwrap.wrap(text, width)) or "(empty)"
+
+
+# --------------------------------------------------------------------------- maps
+
+
+def classifier_maps(net, x: Tensor, kinds: list[str], *, head_fusion: str, discard_ratio: float) -> dict:
+    """{kind: maps} for one batch; "heads": (B, heads, h, w), others (B, h, w); plus "probs" (B, classes)."""
+    prefix = net.num_prefix_tokens
+    query = "cls" if getattr(net, "pool", "cls") == "cls" and prefix >= 1 else "mean"
+    grid = tuple(net.grid_size)  # inputs were resized to the model's img_size
+    out = {}
+    with torch.no_grad():
+        tokens, attentions = net.forward_features(x, return_attn=True)  # explicit-path weights, this call only
+        if hasattr(net, "forward_head") and getattr(net, "num_classes", 0) > 0:
+            out["probs"] = net.forward_head(tokens).float().softmax(dim=-1)
+    if "rollout" in kinds:
+        out["rollout"] = attention_rollout(attentions, head_fusion=head_fusion, discard_ratio=discard_ratio,
+                                           num_prefix_tokens=prefix, grid_size=grid, query=query)
+    if "heads" in kinds:
+        out["heads"] = attention_maps(attentions, layer=-1, num_prefix_tokens=prefix, grid_size=grid,
+                                      query=query)[:, 0]  # (B, heads, h, w)
+    if "gradient" in kinds:
+        out["gradient"] = gradient_rollout(net, x, discard_ratio=discard_ratio)  # target: the predicted class
+    return out
+
+
+def caption_maps(net, tokenizer, x: Tensor, max_words: int | None = None) -> tuple[list[list[str]], list[Tensor]]:
+    """Greedy captions' words and, per image, their cross-attention maps (T_i, h, w)."""
+    ids, attn = net.generate(x, max_len=max_words, return_cross_attn=True)  # (B, T), (B, depth, heads, T, M)
+    maps = cross_attention_maps(attn, tuple(net.grid_size), num_prefix_tokens=net.num_prefix_tokens)  # (B, T, h, w)
+    words, per_image = [], []
+    for row, m in zip(ids.tolist(), maps):
+        length = row.index(tokenizer.eos_id) if tokenizer.eos_id in row else len(row)
+        words.append([tokenizer.itos[i] for i in row[:length]])
+        per_image.append(m[:length])
+    return words, per_image
+
+
+# --------------------------------------------------------------------------- main
+
+
+def visualize(cfg: DictConfig) -> list[Path]:
+    """Write the attention figures ``cfg`` asks for; returns the paths written."""
+    check_options(cfg)
+    device = _device(cfg.device)
+    ckpt_path = checkpoint_file(cfg.ckpt_path)
+    net, _, dm = load_from_checkpoint(ckpt_path)
+    captioner = hasattr(net, "generate")
+    kinds = kinds_for(cfg.method, captioner)
+    encoder = net.encoder if captioner else net
+    mean, std, channels = data_stats(dm, encoder)
+
+    source = str(cfg.images)
+    if source in SPLITS:
+        images = split_images(dm, source, cfg.num_images, mean=mean, std=std, channels=channels)
+    else:
+        images = folder_images(Path(source), cfg.num_images, encoder=encoder, mean=mean, std=std, channels=channels)
+
+    tokenizer = None
+    if captioner:
+        tokenizer = getattr(dm, "tokenizer", None) if dm is not None else None
+        if tokenizer is None:
+            from vitpipe.lit.captioner import load_tokenizer
+
+            tokenizer = load_tokenizer(ckpt_path)
+
+    net.to(device)
+    out = Path(cfg.out)
+    style = {"alpha": cfg.alpha, "cmap": cfg.cmap}
+    written: list[Path] = []
+    grid: dict[str, list] = {k: [] for k in kinds}  # per kind: (heatmap(s), title) per image
+    bar = tqdm(total=len(images.x), desc="attention maps", unit="img")
+    for start in range(0, len(images.x), cfg.batch_size):
+        sl = slice(start, start + cfg.batch_size)
+        x = images.x[sl].to(device)
+        maps = classifier_maps(encoder, x, [k for k in kinds if k != "caption"], head_fusion=cfg.head_fusion,
+                               discard_ratio=cfg.discard_ratio)
+        maps = {k: v.cpu() for k, v in maps.items()}
+        if captioner:
+            words, word_maps = caption_maps(net, tokenizer, x, cfg.max_words)
+        for i, name in enumerate(images.names[sl]):
+            image = images.display[start + i]
+            truth = images.labels[start + i] if images.labels else None
+            label = ""
+            if "probs" in maps:
+                p, c = maps["probs"][i].max(dim=0)
+                label = f"pred {_class_name(dm, int(c))} ({p:.0%})" + (f", true {truth}" if truth else "")
+            for kind in kinds:
+                if kind == "caption":
+                    fig, entry = caption_figure(image, words[i], word_maps[i], truth, encoder.grid_size, style)
+                else:
+                    fig, entry = map_figure(kind, image, maps[kind][i], label, name, style)
+                grid[kind].append(entry)
+                written.append(save_figure(fig, out / kind / f"{name}.png", dpi=cfg.dpi))
+            bar.update(1)
+    bar.close()
+
+    for kind, rows in grid.items():  # rows: (heatmap, title) per image; heads: (list of maps, None)
+        if kind == "heads":
+            num_heads = len(rows[0][0])
+            fig = overlay_grid([im for im in images.display for _ in range(num_heads)],
+                               [h for heads, _ in rows for h in heads],
+                               [f"{n} h{h}" for n in images.names for h in range(num_heads)], ncols=num_heads, **style)
+        else:
+            fig = overlay_grid(images.display, [m for m, _ in rows], [t for _, t in rows], ncols=cfg.ncols, **style)
+        written.append(save_figure(fig, out / f"{kind}_grid.png", dpi=cfg.dpi))
+    print(f"vitpipe visualize: {len(written)} PNG files ({', '.join(kinds)}) under {out}")
+    return written
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={name!r} is not available here; use auto, cpu" +
+                          (", cuda or cuda:<index>" if torch.cuda.is_available() else ""))
+    return device
+
+
+def _class_name(dm, index: int) -> str:
+    names = getattr(dm, "class_names", None)
+    return str(names[index]) if names and index < len(names) else str(index)
