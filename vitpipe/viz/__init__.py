@@ -1,5 +1,7 @@
 """Attention visualisation: rollout, gradient rollout, raw and cross-attention maps, overlays."""
 
+from vitpipe.viz.callback import RolloutCallback
+from vitpipe.viz.checkpoint import load_from_checkpoint
 from vitpipe.viz.overlay import overlay, overlay_grid, save_figure, save_overlay, unnormalize
 from vitpipe.viz.rollout import (
     attention_maps,
@@ -10,10 +12,12 @@ from vitpipe.viz.rollout import (
 )
 
 __all__ = [
+    "RolloutCallback",
     "attention_maps",
     "attention_rollout",
     "cross_attention_maps",
     "gradient_rollout",
+    "load_from_checkpoint",
     "overlay",
     "overlay_grid",
     "rollout_for_model",
