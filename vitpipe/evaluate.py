@@ -26,14 +26,18 @@ def run_config(cfg: DictConfig) -> tuple[str, DictConfig]:
             train_cfg.data = cfg.data  # its ${model.*} interpolations resolve against the stored model
         train_cfg.paths = cfg.paths
         train_cfg.task_name = cfg.task_name
+        for key in ("pretrained", "encoder_ckpt"):  # the checkpoint has the weights: read nothing else
+            if train_cfg.model.get(key) is not None:
+                train_cfg.model[key] = None
     return path, train_cfg
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True)
     path, train_cfg = run_config(cfg)
-    dm, net, module = build(train_cfg)
-    check_fits(load_checkpoint(path)["state_dict"], net, path)
+    checkpoint = load_checkpoint(path)
+    dm, net, module = build(train_cfg, checkpoint=checkpoint)
+    check_fits(checkpoint["state_dict"], net, path)
     trainer = instantiate_checked(cfg.trainer, "trainer", logger=False)
     trainer.test(module, datamodule=dm, ckpt_path=path, weights_only=True)
     metrics = collect_metrics(trainer, prefix="test/")

@@ -27,12 +27,20 @@ from vitpipe.runinfo import ConfigInCheckpoint, collect_metrics, finish_loggers,
 log = logging.getLogger(__name__)
 
 
-def build(cfg: DictConfig):
-    """Instantiate (datamodule, net, module) from a composed config, validating on the way."""
+def build(cfg: DictConfig, *, checkpoint: dict | None = None):
+    """Instantiate (datamodule, net, module) from a composed config, validating on the way.
+
+    With a ``checkpoint`` that carries a tokenizer (captioners), the data module decodes with the
+    vocabulary the model was trained with rather than one rebuilt from the data.
+    """
     check_config(cfg)
     dm = instantiate_checked(cfg.data, "data")
     if hasattr(dm, "check"):
         dm.check()  # the files exist (or download is on) before any model is built
+    if checkpoint is not None and "tokenizer" in checkpoint and hasattr(dm, "tokenizer"):
+        from vitpipe.text.tokenizer import WordTokenizer
+
+        dm.tokenizer = WordTokenizer.from_state_dict(checkpoint["tokenizer"])
     model_kwargs = dm.model_kwargs() if hasattr(dm, "model_kwargs") else {}
     net = instantiate_checked(cfg.model, "model", **model_kwargs)
     module_kwargs = dm.module_kwargs() if hasattr(dm, "module_kwargs") else {}

@@ -1,3 +1,4 @@
+from vitpipe.lit.captioner import CaptionModule
 from vitpipe.lit.classifier import ImageClassifier
 
-__all__ = ["ImageClassifier"]
+__all__ = ["CaptionModule", "ImageClassifier"]

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torchmetrics import MaxMetric, MeanMetric
 
 from vitpipe.errors import ConfigError
-from vitpipe.lit.optim import build_optimizer
+from vitpipe.lit.optim import ConfiguredOptimizers
 from vitpipe.metrics import CaptionScores
 from vitpipe.models.captioner import Captioner
 from vitpipe.text.tokenizer import WordTokenizer
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 SCORE_KEYS = ("bleu1", "bleu2", "bleu3", "bleu4", "cider")
 
 
-class CaptionModule(L.LightningModule):
+class CaptionModule(ConfiguredOptimizers, L.LightningModule):
     """Args:
         net: a ``Captioner``.
         tokenizer: the data's ``WordTokenizer`` (``dm.module_kwargs()``); replaced by the one saved
@@ -164,19 +164,6 @@ class CaptionModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "tokenizer" in checkpoint:
             self.tokenizer = WordTokenizer.from_state_dict(checkpoint["tokenizer"])
-
-    def configure_optimizers(self):
-        optimizer = build_optimizer(self.optimizer_factory, self.net)
-        if self.scheduler_factory is None:
-            return optimizer
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup = int(self.hparams.warmup_fraction * total)
-        scheduler = self.scheduler_factory(optimizer, t_initial=total, warmup_t=warmup)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def lr_scheduler_step(self, scheduler, metric) -> None:
-        # timm schedulers are driven by the update count, not torch's step()
-        scheduler.step_update(num_updates=self.global_step)
 
 
 def _gather(rows: list[dict]) -> list[dict]:

@@ -15,14 +15,14 @@ from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from vitpipe.lit.optim import build_optimizer
+from vitpipe.lit.optim import ConfiguredOptimizers
 
 
 class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or inf."""
 
 
-class ImageClassifier(L.LightningModule):
+class ImageClassifier(ConfiguredOptimizers, L.LightningModule):
     """Cross-entropy classification with top-1/top-5 accuracy per split.
 
     Args:
@@ -133,16 +133,3 @@ class ImageClassifier(L.LightningModule):
         scores = self.test_metrics.compute()
         self.test_metrics.reset()
         self.log_dict({"test/acc": scores["acc"], "test/acc_top5": scores["acc_top5"]})
-
-    def configure_optimizers(self):
-        optimizer = build_optimizer(self.optimizer_factory, self.net)
-        if self.scheduler_factory is None:
-            return optimizer
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup = int(self.hparams.warmup_fraction * total)
-        scheduler = self.scheduler_factory(optimizer, t_initial=total, warmup_t=warmup)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def lr_scheduler_step(self, scheduler, metric) -> None:
-        # timm schedulers are driven by the update count, not torch's step()
-        scheduler.step_update(num_updates=self.global_step)

@@ -27,3 +27,24 @@ def build_optimizer(partial_optimizer, net: nn.Module) -> torch.optim.Optimizer:
     if func in (torch.optim.AdamW, torch.optim.Adam) and on_cuda and "fused" not in partial_optimizer.keywords:
         kwargs["fused"] = True
     return partial_optimizer(param_groups(net, wd), **kwargs)
+
+
+class ConfiguredOptimizers:
+    """LightningModule mixin: ``configure_optimizers`` from the config's partial optimizer and
+    scheduler (``self.optimizer_factory``, ``self.scheduler_factory``, ``hparams.warmup_fraction``).
+
+    The scheduler is a timm scheduler called with ``t_initial`` and ``warmup_t`` in optimizer steps,
+    stepped per update; timm schedulers are driven by the update count, not torch's ``step()``.
+    """
+
+    def configure_optimizers(self):
+        optimizer = build_optimizer(self.optimizer_factory, self.net)
+        if self.scheduler_factory is None:
+            return optimizer
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = int(self.hparams.warmup_fraction * total)
+        scheduler = self.scheduler_factory(optimizer, t_initial=total, warmup_t=warmup)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def lr_scheduler_step(self, scheduler, metric) -> None:
+        scheduler.step_update(num_updates=self.global_step)
