@@ -167,7 +167,7 @@ def test_cifar10_recipe_composes_and_fast_dev_runs_on_cpu(cfg_factory, tmp_path,
     # torchvision checks the files' md5 against the real archive; these are stand-ins
     monkeypatch.setattr(torchvision.datasets.CIFAR10, "_check_integrity", lambda self: True)
     monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda *a, **k: True)
-    cfg = cfg_factory("experiment=cifar10_vit", "debug=fast", "+trainer.fast_dev_run=true", "data.num_workers=0",
+    cfg = cfg_factory("experiment=cifar10_vit", "debug=fast", "trainer.fast_dev_run=true", "data.num_workers=0",
                       "data.val_split=8", "data.pin_memory=false", sub="dev")
     write_cifar10(Path(cfg.paths.data_dir), per_batch=8, n_test=16)
     dm, net, module = build(cfg)
