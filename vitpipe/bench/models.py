@@ -87,7 +87,7 @@ def infer_step(model: nn.Module, x: Tensor, cfg: BenchConfig) -> Callable[[], No
     """One forward pass without autograd."""
 
     def step() -> None:
-        with torch.inference_mode(), cfg.autocast():
+        with torch.no_grad(), cfg.autocast():
             model(x)
 
     return step
