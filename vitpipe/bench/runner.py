@@ -21,11 +21,19 @@ RUNNERS = {"vit": compare_vit, "lightning": compare_loops, "data": compare_data,
 DEFAULT_ONLY = ("vit", "lightning", "data")
 
 
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "cpu"
+
+
 def environment(cfg: BenchConfig) -> dict:
     return {
         "torch": torch.__version__, "timm": timm.__version__, "lightning": lightning.__version__,
         "python": platform.python_version(),
-        "device_name": torch.cuda.get_device_name() if cfg.device == "cuda" else platform.processor() or "cpu",
+        "device_name": torch.cuda.get_device_name() if cfg.device == "cuda" else cpu_name(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
