@@ -61,6 +61,13 @@ def test_several_loggers_at_once(cfg_factory):
     assert set(cfg.logger) == {"csv", "tensorboard"}
 
 
+def test_runs_without_any_logger(cfg_factory):
+    # the default callbacks include a LearningRateMonitor, which Lightning refuses without a logger
+    cfg = cfg_factory("logger=none", "debug=fast")
+    assert "lr_monitor" in cfg.callbacks
+    assert "test/acc" in train(cfg)
+
+
 def test_default_config_fast_dev_run(cfg_factory):
     cfg = cfg_factory("debug=default")
     metrics = train(cfg)

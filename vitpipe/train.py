@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 import lightning as L
+from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig
 
 from vitpipe.config import (
@@ -55,6 +56,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     set_sweep_group(cfg)
     loggers = instantiate_loggers(cfg.get("logger"))
     callbacks = instantiate_callbacks(cfg.get("callbacks"))
+    if not loggers:  # logger=none: nothing to log a learning rate to (Lightning would refuse to start)
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     callbacks.append(ConfigInCheckpoint(cfg))  # eval rebuilds the model from the checkpoint alone
     trainer: L.Trainer = instantiate_checked(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
     apply_lr_scaling(cfg, trainer)  # needs the world size, which only the Trainer knows
