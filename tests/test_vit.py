@@ -102,6 +102,8 @@ def test_mean_pool_without_class_token():
         (dict(img_size=30, patch_size=4), r"30x30.*patch size 4x4"),
         (dict(pos_embed="fourier"), r"'fourier'.*none, learned, sincos1d, sincos2d, learned2d, rope2d"),
         (dict(pool="max"), r"'max'.*cls, mean"),
+        (dict(stem="resnet"), r"'resnet'.*patch, conv"),
+        (dict(stem="conv", img_size=24, patch_size=6), r"power-of-two patch.*6x6"),
     ],
 )
 def test_bad_arguments_raise_value_error_naming_value_and_choices(kwargs, pattern):
@@ -118,3 +120,38 @@ def test_input_not_divisible_by_patch_raises_at_forward():
     m = create_model("vit_micro")
     with pytest.raises(ValueError, match="30x32"):
         m(torch.randn(1, 3, 30, 32))
+
+
+def _token_sensitivity(m, x, pixel):
+    """Which patch tokens change when one input pixel (row, col) changes."""
+    with torch.no_grad():
+        a, _ = m.patch_embed(x)
+        x2 = x.clone()
+        x2[:, :, pixel[0], pixel[1]] += 1.0
+        b, _ = m.patch_embed(x2)
+    return ((a - b).abs().amax(dim=(0, 2)) > 1e-6).nonzero().flatten().tolist()
+
+
+def test_conv_stem_sees_across_patch_borders_patch_stem_does_not():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 16, 16)
+    kw = dict(img_size=16, patch_size=4, num_classes=3, depth=1)
+    patch, conv = create_model("vit_micro", **kw).eval(), create_model("vit_micro", stem="conv", **kw).eval()
+    # pixel (3, 3) is the bottom-right corner of patch 0 in a 4x4 grid of 4x4 patches
+    assert _token_sensitivity(patch, x, (3, 3)) == [0]
+    assert set(_token_sensitivity(conv, x, (3, 3))) == {0, 1, 4, 5}  # overlapping 3x3 receptive fields
+
+
+@pytest.mark.parametrize("img_size, patch_size", [(28, 4), ((24, 40), 8), (32, 2)])
+def test_conv_stem_gives_the_patch_grid_and_trains(img_size, patch_size):
+    torch.manual_seed(0)
+    m = create_model("vit_micro", stem="conv", img_size=img_size, patch_size=patch_size, in_chans=1,
+                     num_classes=3, depth=1, pool="mean", class_token=False)
+    H, W = (img_size, img_size) if isinstance(img_size, int) else img_size
+    x = torch.randn(4, 1, H, W)
+    tokens, grid = m.patch_embed(x)
+    assert grid == m.grid_size == (H // patch_size, W // patch_size)
+    assert tokens.shape == (4, grid[0] * grid[1], m.dim)
+    loss = torch.nn.functional.cross_entropy(m(x), torch.tensor([0, 1, 2, 0]))
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.patch_embed.parameters())

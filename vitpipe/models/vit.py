@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from vitpipe.nn.blocks import EncoderBlock
-from vitpipe.nn.patch_embed import PatchEmbed
+from vitpipe.nn.patch_embed import STEMS
 from vitpipe.nn.pos_embed import POS_EMBED_KINDS, RoPE2D, build_pos_embed
 
 POOLS = ("cls", "mean")
@@ -24,6 +24,7 @@ class ViT(nn.Module):
     Any input size divisible by the patch runs (positions are resampled or recomputed).
     ``pool="mean"`` averages patch tokens and, as in timm, moves the final norm after pooling.
     ``reg_tokens`` adds register tokens (Darcet et al. 2024) after the class token.
+    ``stem="conv"`` replaces the patchify conv with a small conv stem (Xiao et al. 2021).
     """
 
     def __init__(
@@ -40,6 +41,7 @@ class ViT(nn.Module):
         qkv_bias: bool = True,
         qk_norm: bool = False,
         pos_embed: str = "learned",
+        stem: str = "patch",
         class_token: bool = True,
         reg_tokens: int = 0,
         pool: str = "cls",
@@ -52,6 +54,8 @@ class ViT(nn.Module):
         super().__init__()
         if pos_embed not in POS_EMBED_KINDS:
             raise ValueError(f"unknown pos_embed={pos_embed!r}; valid choices: {', '.join(POS_EMBED_KINDS)}")
+        if stem not in STEMS:
+            raise ValueError(f"unknown stem={stem!r}; valid choices: {', '.join(STEMS)}")
         if pool not in POOLS:
             raise ValueError(f"unknown pool={pool!r}; valid choices: {', '.join(POOLS)}")
         if pool == "cls" and not class_token:
@@ -59,7 +63,7 @@ class ViT(nn.Module):
         if dim % num_heads != 0:
             raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}")
 
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, dim)
+        self.patch_embed = STEMS[stem](img_size, patch_size, in_chans, dim)
         self.img_size, self.patch_size = self.patch_embed.img_size, self.patch_embed.patch_size
         self.grid_size = self.patch_embed.grid_size
         self.in_chans, self.num_classes, self.dim, self.pool = in_chans, num_classes, dim, pool
