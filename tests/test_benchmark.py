@@ -21,6 +21,8 @@ from vitpipe.bench.models import build_pair, make_optimizer, random_batch, train
 from vitpipe.bench.timing import interleave_steps, paired_ratio
 from vitpipe.bench.vit import max_logit_diff
 from vitpipe.errors import ConfigError
+from vitpipe.data.fashion_mnist import DEBIAN_DIR
+from vitpipe.nn.patch_embed import ConvStem
 from vitpipe.nn.pos_embed import SinCos2DPosEmbed
 from vitpipe.train import build, train
 
@@ -138,12 +140,21 @@ def test_fmnist_recipe_composes_and_instantiates(cfg_factory):
     cfg = cfg_factory("experiment=fmnist_vit", "debug=fast", sub="fast")
     net = instantiate(cfg.model)
     assert isinstance(net.pos_embed, SinCos2DPosEmbed) and net.grid_size == (7, 7) and net.in_chans == 1
+    assert isinstance(net.patch_embed, ConvStem)
     dm = instantiate(cfg.data)
     assert dm.img_size == (28, 28) and dm.num_classes == 10 and dm.fast_path
     module = instantiate(cfg.module, net=net)
     assert module.hparams.label_smoothing == 0.1 and module.mixup is None
     with torch.no_grad():
         assert net(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path(DEBIAN_DIR).is_dir(), reason="needs Debian's dataset-fashion-mnist package")
+def test_fmnist_recipe_reaches_91_percent_on_real_data(cfg_factory):
+    # the whole recipe, as the README measures it (about 28 minutes on 2 idle cores)
+    metrics = train(cfg_factory("experiment=fmnist_vit", "callbacks.progress_bar.refresh_rate=0"))
+    assert metrics["test/acc"] >= 0.91, metrics
 
 
 def write_cifar10(root: Path, *, per_batch: int, n_test: int) -> None:
