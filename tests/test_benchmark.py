@@ -20,8 +20,8 @@ from vitpipe.bench.memory import StepMemory
 from vitpipe.bench.models import build_pair, make_optimizer, random_batch, train_step
 from vitpipe.bench.timing import interleave_steps, paired_ratio
 from vitpipe.bench.vit import max_logit_diff
-from vitpipe.errors import ConfigError
 from vitpipe.data.fashion_mnist import DEBIAN_DIR
+from vitpipe.errors import ConfigError
 from vitpipe.nn.patch_embed import ConvStem
 from vitpipe.nn.pos_embed import SinCos2DPosEmbed
 from vitpipe.train import build, train

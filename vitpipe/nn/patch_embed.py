@@ -36,7 +36,11 @@ class PatchEmbed(nn.Module):
         self.img_size, self.patch_size = to_2tuple(img_size), to_2tuple(patch_size)
         self.grid_size = grid_for(self.img_size, self.patch_size)
         self.in_chans = in_chans
-        self.proj = nn.Conv2d(in_chans, dim, kernel_size=self.patch_size, stride=self.patch_size)
+        self.proj = self.build_proj(in_chans, dim)
+
+    def build_proj(self, in_chans: int, dim: int) -> nn.Module:
+        """(B, in_chans, H, W) -> (B, dim, H / p, W / q)."""
+        return nn.Conv2d(in_chans, dim, kernel_size=self.patch_size, stride=self.patch_size)
 
     def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         """Returns tokens (B, h*w, dim) and the grid (h, w) of this input."""
@@ -47,7 +51,7 @@ class PatchEmbed(nn.Module):
         return x.flatten(2).transpose(1, 2), grid  # (B, h*w, dim)
 
 
-class ConvStem(nn.Module):
+class ConvStem(PatchEmbed):
     """Overlapping conv stem in place of the patchify conv (Xiao et al. 2021, "Early Convolutions
     Help Transformers See Better"): log2(patch) 3x3 stride-2 conv-BN-ReLU layers, widths doubling up
     to ``dim`` (dim/8, dim/4, dim/2, dim for patch 16, as in the paper), then a 1x1 conv to ``dim``.
@@ -56,31 +60,18 @@ class ConvStem(nn.Module):
     Small data sets gain most: the stem gives the locality prior that patchify leaves to be learned.
     """
 
-    def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, dim: int = 768) -> None:
-        super().__init__()
-        self.img_size, self.patch_size = to_2tuple(img_size), to_2tuple(patch_size)
+    def build_proj(self, in_chans: int, dim: int) -> nn.Module:
         p, q = self.patch_size
         if p != q or p < 2 or p & (p - 1):
             raise ValueError(f"stem='conv' needs a square power-of-two patch (2, 4, 8, 16, ...), got {p}x{q}; "
                              "use stem='patch' for other patch sizes")
-        self.grid_size = grid_for(self.img_size, self.patch_size)
-        self.in_chans = in_chans
-        n = p.bit_length() - 1
+        n = p.bit_length() - 1  # each stride-2 layer halves H and W exactly
         widths = [max(dim >> (n - 1 - i), 8) for i in range(n)]
         layers, c = [], in_chans
         for w in widths:
             layers += [nn.Conv2d(c, w, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU(inplace=True)]
             c = w
-        self.stem = nn.Sequential(*layers)
-        self.proj = nn.Conv2d(c, dim, kernel_size=1)
-
-    def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
-        """Returns tokens (B, h*w, dim) and the grid (h, w) of this input."""
-        if x.ndim != 4 or x.shape[1] != self.in_chans:
-            raise ValueError(f"expected images (B, {self.in_chans}, H, W), got shape {tuple(x.shape)}")
-        grid = grid_for(x.shape[-2:], self.patch_size)
-        x = self.proj(self.stem(x))  # (B, dim, h, w): each stride-2 layer halves H and W exactly
-        return x.flatten(2).transpose(1, 2), grid
+        return nn.Sequential(*layers, nn.Conv2d(c, dim, kernel_size=1))
 
 
 STEMS = {"patch": PatchEmbed, "conv": ConvStem}
