@@ -66,7 +66,7 @@ def write_cifar10(root: Path, *, per_batch: int = 3, n_test: int = 5):
             pickle.dump({"batch_label": name, "data": data, "labels": labels}, f)
         splits[split][0].append(data.reshape(n, 3, 32, 32))
         splits[split][1].extend(labels)
-    class_names = [f"class{i}" for i in range(10)]
+    class_names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
     with open(folder / "batches.meta", "wb") as f:
         pickle.dump({"label_names": class_names, "num_cases_per_batch": per_batch, "num_vis": 3072}, f)
     return {k: (np.concatenate(v[0]), np.array(v[1])) for k, v in splits.items()}, class_names
@@ -338,6 +338,21 @@ def test_imagefolder_loads_user_images(image_root):
     assert x.shape == (4, 3, 16, 16) and x.dtype == torch.float32 and y.tolist() == [0, 0, 1, 1]
     x, _ = first_batch(dm.train_dataloader())
     assert x.shape == (4, 3, 16, 16)
+
+
+def test_every_data_module_names_its_classes(image_root, cifar_files, tmp_path):
+    """class_names[i] names label i: static ones from construction, file-based ones from the files."""
+    assert digits().class_names == [str(d) for d in range(10)]  # before setup(): static
+    assert synthetic(num_classes=3).class_names == ["class_0", "class_1", "class_2"]
+    fm = FashionMNISTDataModule(img_size=28, in_chans=1, num_classes=10, channels=1, root=str(tmp_path))
+    assert fm.class_names == torchvision.datasets.FashionMNIST.classes and fm.class_names[0] == "T-shirt/top"
+    folder = imagefolder(image_root)
+    folder.check()  # a folder's names are known once its class folders are listed
+    assert folder.class_names == ["cat", "dog"]
+    root, _, names = cifar_files
+    cifar = CIFAR10DataModule(img_size=32, in_chans=3, num_classes=10, channels=3, root=str(root), val_split=5)
+    cifar.setup("fit")  # read from the data's own batches.meta
+    assert cifar.class_names == names and cifar.class_names[0] == "airplane"
 
 
 def test_imagefolder_corrupt_image_names_the_file(image_root):

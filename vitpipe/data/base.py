@@ -29,8 +29,8 @@ SPLITS = ("train", "val", "test")
 class DatasetInfo:
     """What a data set is, independent of how it is fed.
 
-    num_classes / native_size None: known only once the files are read (an image folder has
-    any number of classes and images of any size).
+    num_classes / native_size / class_names None: known only once the files are read (an image
+    folder has any number of classes and images of any size; CIFAR's names are in its meta file).
     """
 
     name: str
@@ -39,6 +39,7 @@ class DatasetInfo:
     native_size: tuple[int, int] | None
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    class_names: tuple[str, ...] | None = None
 
 
 def to_hw(value, name: str) -> tuple[int, int]:
@@ -175,7 +176,8 @@ class ClassificationDataModule(L.LightningDataModule):
                 f"data.auto_augment={auto_augment!r} is per-image PIL augmentation: it needs data.fast_path=false"
             )
 
-        self.class_names: list[str] | None = None  # known once setup() has read the data
+        # Label index -> name; set here when static, else by check()/setup() once the files are read.
+        self.class_names: list[str] | None = None if info.class_names is None else list(info.class_names)
         self.train_indices: Tensor | None = None  # indices into the loaded training set
         self.val_indices: Tensor | None = None
         self.data_train: Dataset | None = None

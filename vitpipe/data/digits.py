@@ -14,7 +14,10 @@ from vitpipe.data.base import ClassificationDataModule, DatasetInfo
 from vitpipe.data.fast import TensorImageDataset
 
 # mean/std of all 1797 images after the uint8 mapping below (tests/test_data.py recomputes them).
-DIGITS = DatasetInfo(name="digits", num_classes=10, channels=1, native_size=(8, 8), mean=(0.3053,), std=(0.3759,))
+DIGITS = DatasetInfo(
+    name="digits", num_classes=10, channels=1, native_size=(8, 8), mean=(0.3053,), std=(0.3759,),
+    class_names=tuple(str(d) for d in range(10)),
+)  # fmt: skip
 TEST_FRACTION = 0.2
 TEST_SPLIT_SEED = 0
 
@@ -43,7 +46,6 @@ class DigitsDataModule(ClassificationDataModule):
                 name: TensorImageDataset(images[idx], labels[idx])
                 for name, idx in (("train", torch.from_numpy(train_idx)), ("test", torch.from_numpy(test_idx)))
             }
-            self.class_names = [str(d) for d in digits.target_names]
         return self._splits[split]
 
     def _as_tensors(self, ds: TensorImageDataset):

@@ -17,8 +17,9 @@ from vitpipe.errors import ConfigError
 
 # Pixel mean/std of the 60k training images.
 FASHION_MNIST = DatasetInfo(
-    name="fashion_mnist", num_classes=10, channels=1, native_size=(28, 28), mean=(0.2860,), std=(0.3530,)
-)
+    name="fashion_mnist", num_classes=10, channels=1, native_size=(28, 28), mean=(0.2860,), std=(0.3530,),
+    class_names=tuple(FashionMNIST.classes),
+)  # fmt: skip
 DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
 
 
@@ -86,9 +87,7 @@ class FashionMNISTDataModule(ClassificationDataModule):
         if split == "val":
             return None
         self._copy_system_files()  # setup() without prepare_data() (tests, benchmarks)
-        ds = FashionMNIST(self.root, train=split == "train", download=False)
-        self.class_names = list(ds.classes)
-        return ds
+        return FashionMNIST(self.root, train=split == "train", download=False)
 
     def _as_tensors(self, ds: FashionMNIST):
         return ds.data[:, None].contiguous(), ds.targets.to(torch.int64)  # (N, 28, 28) -> (N, 1, 28, 28)

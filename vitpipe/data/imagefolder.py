@@ -57,6 +57,7 @@ class ImageFolderDataModule(ClassificationDataModule):
                 f"data.num_classes={self.num_classes} but {train} has {len(classes)} class folders; "
                 f"set data.num_classes={len(classes)}"
             )
+        self.class_names = classes  # ImageFolder's order: sorted folder names
         for split in ("val", "test"):
             path = os.path.join(self.root, split)
             if os.path.isdir(path) and _class_dirs(path) != classes:

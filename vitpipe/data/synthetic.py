@@ -40,6 +40,7 @@ class SyntheticDataModule(ClassificationDataModule):
             native_size=to_hw(native_size, "data.native_size"),
             mean=(0.5,) * channels,
             std=(UNIFORM_STD,) * channels,
+            class_names=tuple(f"class_{c}" for c in range(num_classes)) if isinstance(num_classes, int) else None,
         )
         super().__init__(info=info, num_classes=num_classes, channels=channels, **kwargs)
         self.length, self.test_length = length, test_length
@@ -51,7 +52,6 @@ class SyntheticDataModule(ClassificationDataModule):
         rng = np.random.default_rng([self.seed, 0 if split == "train" else 1])  # independent train/test streams
         images = rng.integers(0, 256, size=(n, self.channels, *self.native_size), dtype=np.uint8)
         labels = rng.integers(0, self.num_classes, size=n, dtype=np.int64)
-        self.class_names = [str(c) for c in range(self.num_classes)]
         return TensorImageDataset(torch.from_numpy(images), torch.from_numpy(labels))
 
     def _as_tensors(self, ds: TensorImageDataset):
