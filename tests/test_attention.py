@@ -26,10 +26,10 @@ def test_fused_equals_explicit_self(qk_norm):
     torch.testing.assert_close(w.sum(-1), torch.ones(3, 4, 7))
 
 
-@pytest.mark.parametrize("context_dim", [None, 48])
+@pytest.mark.parametrize("context_dim", [32, 48])  # a context as wide as the queries, and a wider one
 def test_fused_equals_explicit_cross(context_dim):
     m = _mha(context_dim=context_dim)
-    x, ctx = torch.randn(2, 5, 32), torch.randn(2, 9, context_dim or 32)
+    x, ctx = torch.randn(2, 5, 32), torch.randn(2, 9, context_dim)
     fused, explicit, w = _both_paths(m, x, context=ctx)
     assert (fused - explicit).abs().max() < 1e-5
     assert w.shape == (2, 4, 5, 9)
@@ -100,3 +100,26 @@ def test_heads_are_batched_not_looped():
 def test_dim_not_divisible_by_heads_names_both_numbers():
     with pytest.raises(ValueError, match=r"dim=30.*num_heads=4"):
         MultiHeadAttention(30, 4)
+
+
+def test_mode_is_fixed_at_construction():
+    self_attn, cross = _mha(), _mha(context_dim=16)
+    assert {n for n, _ in self_attn.named_children()} >= {"qkv"} and not hasattr(self_attn, "kv")
+    assert {"q", "kv"} <= {n for n, _ in cross.named_children()} and not hasattr(cross, "qkv")
+    x = torch.randn(1, 3, 32)
+    with pytest.raises(ValueError, match="self-attention"):
+        self_attn(x, torch.randn(1, 4, 32))
+    with pytest.raises(ValueError, match="cross-attention"):
+        cross(x)
+
+
+def test_kv_cache_with_rope_equals_full_recompute():
+    # each call rotates its own keys before they are cached, with the phases of their positions
+    from vitpipe.nn.rope import rope_2d
+
+    m, x = _mha(), torch.randn(2, 6, 32)
+    cos, sin = rope_2d(2, 3, 8)  # (6, head_dim)
+    full = m(x, is_causal=True, rope=(cos, sin))
+    cache = KVCache()
+    steps = [m(x[:, t : t + 1], is_causal=True, cache=cache, rope=(cos[t : t + 1], sin[t : t + 1])) for t in range(6)]
+    assert (torch.cat(steps, 1) - full).abs().max() < 1e-5

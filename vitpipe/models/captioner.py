@@ -131,7 +131,7 @@ class Captioner(nn.Module):
         self.drop = nn.Dropout(drop_rate)
         rates = torch.linspace(0, drop_path_rate, depth).tolist()
         self.blocks = nn.ModuleList(
-            DecoderBlock(dim, num_heads, context_dim=enc_dim, cross_attention=decoder == "cross", mlp_ratio=mlp_ratio,
+            DecoderBlock(dim, num_heads, context_dim=enc_dim if decoder == "cross" else None, mlp_ratio=mlp_ratio,
                          qkv_bias=qkv_bias, qk_norm=qk_norm, proj_drop=drop_rate, attn_drop=attn_drop_rate, drop_path=r)
             for r in rates
         )

@@ -1,10 +1,16 @@
-"""MultiHeadAttention: the one attention core.
+"""MultiHeadAttention: the one attention core for encoder, decoder and cross-attention.
 
-Self-attention (``context=None``), cross-attention (K, V projected from ``context``) and causal
-self-attention (``is_causal=True``) are the same module, as in vit-pytorch's ``cross_vit.py`` and
-timm/DINOv2's ``is_causal``. The fused path is ``F.scaled_dot_product_attention``; asking for the
-weights (``need_weights=True``) takes an explicit softmax path for that call only, so attention
-maps never depend on hooks or a process-wide switch (hooks record nothing once SDPA is on).
+The mode is fixed at construction, as timm and DINOv2 separate ``Attention`` from cross-attention:
+
+- ``context_dim=None``: self-attention with one fused ``qkv`` projection (timm's weight layout);
+  ``is_causal=True`` makes it the decoder's causal self-attention, and a ``KVCache`` grows by the
+  new tokens' keys and values every call.
+- ``context_dim=C``: cross-attention (vit-pytorch's ``cross_vit.py``): ``q`` from x, ``kv`` from a
+  context of width C; a ``KVCache`` holds the context's keys and values, projected once.
+
+Both modes then take the same ``_attend``: ``F.scaled_dot_product_attention``, or, when the weights
+are asked for (``need_weights=True``), an explicit softmax for that call only, so attention maps
+never depend on hooks or a process-wide switch (hooks record nothing once SDPA is on).
 """
 
 from __future__ import annotations
@@ -20,11 +26,7 @@ from vitpipe.nn.rope import apply_rope
 
 @dataclass
 class KVCache:
-    """Keys and values kept between decoding steps, (B, heads, L, head_dim) each.
-
-    Self-attention appends the new step's K/V; cross-attention fills it once from the context
-    and reuses it (the context does not change while decoding).
-    """
+    """Keys and values kept between decoding steps, (B, heads, L, head_dim) each."""
 
     k: Tensor | None = None
     v: Tensor | None = None
@@ -32,6 +34,13 @@ class KVCache:
     @property
     def length(self) -> int:
         return 0 if self.k is None else self.k.shape[-2]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Keep this call's keys/values after the earlier ones; return all of them."""
+        if self.k is not None:
+            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        self.k, self.v = k, v
+        return k, v
 
     def reorder(self, index: Tensor) -> None:
         """Select batch rows (beam search re-ranks hypotheses every step)."""
@@ -55,9 +64,8 @@ class MultiHeadAttention(nn.Module):
     Args:
         dim: width of the queries and of the output.
         num_heads: heads; ``dim`` must be divisible by it.
-        context_dim: width of the cross-attention context when it differs from ``dim``. ``None``
-            gives one fused ``qkv`` projection (timm's layout) which also serves cross-attention
-            to a context of width ``dim``.
+        context_dim: ``None`` for self-attention (fused ``qkv``); the context's width for
+            cross-attention (``q`` and ``kv`` projections), also when it equals ``dim``.
         qk_norm: LayerNorm on queries and keys per head (Dehghani et al. 2023, ViT-22B), which
             keeps attention logits bounded at scale.
     """
@@ -81,51 +89,39 @@ class MultiHeadAttention(nn.Module):
             )
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.scale = self.head_dim**-0.5
-        if context_dim is None:
-            self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        else:
+        self.is_cross = context_dim is not None
+        if self.is_cross:
             self.q = nn.Linear(dim, dim, bias=qkv_bias)
             self.kv = nn.Linear(context_dim, 2 * dim, bias=qkv_bias)
+        else:
+            self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def _heads(self, t: Tensor) -> Tensor:
+    def _heads(self, t: Tensor, parts: int) -> Tensor:
+        """(B, L, parts * dim) -> (parts, B, heads, L, head_dim)."""
         B, L, _ = t.shape
-        return t.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # (B, heads, L, head_dim)
+        return t.view(B, L, parts, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
 
-    def _project(self, x: Tensor, context: Tensor | None, cache: KVCache | None):
-        """Queries from x; keys/values from x (self) or context (cross), through the cache."""
-        if context is None:
-            if not hasattr(self, "qkv"):
-                raise ValueError("this attention was built for cross-attention (context_dim set); pass context=")
-            B, N, _ = x.shape
-            qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-            q, k, v = qkv.unbind(0)  # each (B, heads, N, head_dim)
-            k = self.k_norm(k)
-            if cache is not None:
-                if cache.k is not None:
-                    k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
-                cache.k, cache.v = k, v
-            return self.q_norm(q), k, v
-
-        if hasattr(self, "qkv"):  # width-`dim` context through the fused weight: Q rows, then K/V rows
-            w, b = self.qkv.weight, self.qkv.bias
-            q = F.linear(x, w[: self.dim], None if b is None else b[: self.dim])
-            kv_fn = lambda c: F.linear(c, w[self.dim :], None if b is None else b[self.dim :])  # noqa: E731
-        else:
-            q, kv_fn = self.q(x), self.kv
-        q = self.q_norm(self._heads(q))
-        if cache is not None and cache.k is not None:  # context already projected on an earlier step
-            return q, cache.k, cache.v
-        B, M, _ = context.shape
-        kv = kv_fn(context).view(B, M, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        k, v = self.k_norm(kv[0]), kv[1]  # (B, heads, M, head_dim)
+    def _self_qkv(self, x: Tensor, cache: KVCache | None, rope) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = self._heads(self.qkv(x), 3)  # each (B, heads, N, head_dim)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:  # before caching: cached keys keep the phases of their own positions
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
-            cache.k, cache.v = k, v
+            k, v = cache.append(k, v)  # (B, heads, past + N, head_dim)
         return q, k, v
+
+    def _cross_qkv(self, x: Tensor, context: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
+        q = self.q_norm(self._heads(self.q(x), 1)[0])  # (B, heads, N, head_dim)
+        if cache is not None and cache.length:  # the context does not change while decoding: projected once
+            return q, cache.k, cache.v
+        k, v = self._heads(self.kv(context), 2)  # each (B, heads, M, head_dim)
+        k = self.k_norm(k)
+        return (q, k, v) if cache is None else (q, *cache.append(k, v))
 
     def forward(
         self,
@@ -139,43 +135,45 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
         rope: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """Attend from ``x`` (B, N, dim) to itself or to ``context`` (B, M, context_dim).
+        """Attend from ``x`` (B, N, dim) to itself (self-attention) or to ``context`` (B, M, context_dim).
 
         attn_mask: bool, True = may attend, broadcastable to (B, heads, N, M).
         key_padding_mask: bool (B, M), True = padding (ignored), as in ``nn.MultiheadAttention``.
-        rope: (cos, sin), each (N, head_dim), rotary phases applied to q and k (self-attention).
+        is_causal: query i sees keys up to its own position (the last N of M with a cache).
+        cache: a ``KVCache`` for incremental decoding (see the module docstring).
+        rope: (cos, sin), each (N, head_dim), rotary phases of q and k (self-attention only).
         Returns (B, N, dim), or (out, weights (B, heads, N, M)) when ``need_weights``.
         """
-        B, N, _ = x.shape
-        q, k, v = self._project(x, context, cache)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        M = k.shape[2]
+        if (context is None) == self.is_cross or (self.is_cross and rope is not None):
+            raise ValueError(f"this attention was built for {'cross' if self.is_cross else 'self'}-attention "
+                             "(context_dim given: pass context=, no rope; context_dim=None: no context)")
+        q, k, v = self._cross_qkv(x, context, cache) if self.is_cross else self._self_qkv(x, cache, rope)
+        out, weights = self._attend(q, k, v, attn_mask, key_padding_mask, is_causal, need_weights)
+        out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)  # (B, N, dim)
+        out = self.proj_drop(self.proj(out))
+        return (out, weights) if need_weights else out
 
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, attn_mask, key_padding_mask, is_causal: bool,
+                need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """q (B, heads, N, head_dim), k/v (B, heads, M, head_dim) -> (out (B, heads, N, head_dim), weights or None)."""
+        N, M = q.shape[2], k.shape[2]
         mask = None if attn_mask is None else attn_mask.to(torch.bool)
         if key_padding_mask is not None:
             keep = ~key_padding_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, M)
             mask = keep if mask is None else mask & keep
-        sdpa_causal = is_causal and mask is None and N == M  # SDPA's own flag is exact only for N == M
+        # SDPA's own causal flag is exact only for N == M with no other mask; else an explicit mask
+        sdpa_causal = is_causal and mask is None and N == M and not need_weights
         if is_causal and not sdpa_causal:
-            causal = causal_mask(N, M, device=x.device)
+            causal = causal_mask(N, M, device=q.device)
             mask = causal if mask is None else mask & causal
         drop = self.attn_drop if self.training else 0.0
-
-        if need_weights:
-            attn = (q * self.scale) @ k.transpose(-2, -1)  # (B, heads, N, M)
-            if sdpa_causal:
-                mask = causal_mask(N, M, device=x.device)
-            if mask is not None:
-                attn = attn.masked_fill(~mask, float("-inf"))
-            weights = attn.softmax(dim=-1)
-            out = F.dropout(weights, drop, training=self.training) @ v  # (B, heads, N, head_dim)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, is_causal=sdpa_causal)
-
-        out = out.transpose(1, 2).reshape(B, N, self.dim)  # (B, N, dim)
-        out = self.proj_drop(self.proj(out))
-        return (out, weights) if need_weights else out
+        if not need_weights:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, is_causal=sdpa_causal), None
+        attn = (q * self.scale) @ k.transpose(-2, -1)  # (B, heads, N, M)
+        if mask is not None:
+            attn = attn.masked_fill(~mask, float("-inf"))
+        weights = attn.softmax(dim=-1)
+        return F.dropout(weights, drop) @ v, weights
 
 
 def _divisors(n: int) -> list[int]:

@@ -41,44 +41,38 @@ class EncoderBlock(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    """Causal self-attention, then (optionally) cross-attention to the image tokens, then MLP.
+    """Causal self-attention, then cross-attention to the image tokens (when ``context_dim`` is given), then MLP.
 
-    ``cross_attention=False`` gives a decoder-only (prefix-LM) block with no cross-attention
-    module at all; its self-attention mask is then passed in by the caller (``attn_mask``).
+    ``context_dim=None`` gives a decoder-only (prefix-LM) block with no cross-attention module at
+    all; its self-attention mask is then passed in by the caller (``attn_mask``).
     """
 
-    def __init__(self, dim: int, num_heads: int, *, context_dim: int | None = None, cross_attention: bool = True,
-                 mlp_ratio: float = 4.0, qkv_bias: bool = True, qk_norm: bool = False, proj_drop: float = 0.0,
-                 attn_drop: float = 0.0, drop_path: float = 0.0) -> None:
+    def __init__(self, dim: int, num_heads: int, *, context_dim: int | None = None, mlp_ratio: float = 4.0,
+                 qkv_bias: bool = True, qk_norm: bool = False, proj_drop: float = 0.0, attn_drop: float = 0.0,
+                 drop_path: float = 0.0) -> None:
         super().__init__()
         kw = dict(qkv_bias=qkv_bias, qk_norm=qk_norm, attn_drop=attn_drop, proj_drop=proj_drop)
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.self_attn = MultiHeadAttention(dim, num_heads, **kw)
-        if cross_attention:
+        self.has_cross_attention = context_dim is not None
+        if self.has_cross_attention:
             self.norm_cross = nn.LayerNorm(dim, eps=1e-6)
             self.cross_attn = MultiHeadAttention(dim, num_heads, context_dim=context_dim, **kw)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    @property
-    def has_cross_attention(self) -> bool:
-        return hasattr(self, "cross_attn")
-
     def forward(self, x: Tensor, context: Tensor | None = None, *, attn_mask: Tensor | None = None,
                 key_padding_mask: Tensor | None = None, self_cache: KVCache | None = None,
                 cross_cache: KVCache | None = None, need_weights: bool = False):
         """x (B, T, dim); context (B, M, context_dim). With ``attn_mask`` given, it replaces the causal
         mask (prefix-LM). Returns x, or (x, self_weights, cross_weights or None) when ``need_weights``."""
-        causal = attn_mask is None
         y = self.self_attn(self.norm1(x), attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                           is_causal=causal, cache=self_cache, need_weights=need_weights)
+                           is_causal=attn_mask is None, cache=self_cache, need_weights=need_weights)
         y, w_self = y if need_weights else (y, None)
         x = x + self.drop_path(y)
         w_cross = None
         if self.has_cross_attention:
-            if context is None:
-                raise ValueError("this DecoderBlock has cross-attention; pass context= (the image tokens)")
             y = self.cross_attn(self.norm_cross(x), context, cache=cross_cache, need_weights=need_weights)
             y, w_cross = y if need_weights else (y, None)
             x = x + self.drop_path(y)
