@@ -33,8 +33,8 @@ class ShardedSampler(DistributedSampler):
         else:
             order = torch.arange(self.n)
         if self.pad and self.n % self.num_replicas:
-            extra = self.num_replicas - self.n % self.num_replicas
-            order = torch.cat([order, order[:extra]])
+            total = len(self) * self.num_replicas
+            order = order.repeat(-(-total // self.n))[:total]  # the head again (wrapping if n < ranks)
         return order[self.rank :: self.num_replicas].tolist()
 
     def __iter__(self):
