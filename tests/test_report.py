@@ -1,0 +1,207 @@
+"""The per-run report: history.csv, predictions.csv, report/ (per-class, confusion, calibration,
+curves, errors, report.md), ECE and temperature scaling. Every number is checked against an
+independent recomputation (sklearn, torchmetrics, hand-made known answers)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import make_cfg
+from vitpipe.report.calibration import expected_calibration_error, fit_temperature, nll, reliability_bins
+from vitpipe.report.figures import CALIBRATION_SIZE, CURVES_SIZE, DPI, confusion_figure, confusion_size, errors_size
+from vitpipe.report.history import HistoryCallback, read_history
+from vitpipe.report.per_class import confusion_counts, row_normalise
+from vitpipe.report.predictions import read_predictions
+
+# 4-px patches, no augmentation: the tiny ViT gets well above chance in 40 steps, so the confusion
+# matrix and the mistakes are not one column; the whole test split (360 digits) is evaluated.
+RUN = ["debug=fast", "logger=none", "model.patch_size=4", "data.augment=false", "trainer.max_epochs=2",
+       "trainer.limit_train_batches=20", "trainer.limit_test_batches=1.0", "callbacks.progress_bar.refresh_rate=1000",
+       "callbacks.model_checkpoint.save_top_k=-1",
+       "+callbacks.history._target_=vitpipe.report.HistoryCallback",
+       "+callbacks.report._target_=vitpipe.report.ReportCallback"]
+DIGITS_TEST = 360
+
+
+@pytest.fixture(scope="session")
+def run(tmp_path_factory):
+    """One tiny training run with the default callbacks: its run directory and metrics."""
+    from vitpipe.train import train
+
+    cfg = make_cfg(tmp_path_factory.mktemp("report"), RUN)
+    metrics = train(cfg)
+    return SimpleNamespace(dir=Path(cfg.paths.output_dir), metrics=metrics, cfg=cfg)
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# ---- ECE and temperature scaling: known answers ------------------------------------------------
+
+
+def test_ece_known_answers():
+    n = 3000
+    # perfectly calibrated: in each confidence group exactly that fraction is right -> 0
+    conf = torch.tensor([0.25] * 1000 + [0.55] * 1000 + [0.95] * 1000)
+    correct = torch.zeros(n, dtype=torch.bool)
+    correct[:250], correct[1000:1550], correct[2000:2950] = True, True, True
+    assert expected_calibration_error(conf, correct) == pytest.approx(0.0, abs=1e-6)  # float32 inputs
+    # a fixed over-confidence: 0.9 claimed, 60% right -> a gap of 0.3
+    conf = torch.full((n,), 0.9)
+    correct = torch.arange(n) < 0.6 * n
+    assert expected_calibration_error(conf, correct) == pytest.approx(0.3, abs=1e-6)
+    # two bins of different weight: |0.9 - 0.6| * 2/3 + |0.35 - 0.35| * 1/3
+    conf = torch.tensor([0.9] * 200 + [0.35] * 100)
+    correct = torch.tensor([True] * 120 + [False] * 80 + [True] * 35 + [False] * 65)
+    assert expected_calibration_error(conf, correct) == pytest.approx(0.2, abs=1e-6)
+    # the reliability bins give the same number, and so does torchmetrics on full probabilities
+    bins = reliability_bins(conf, correct)
+    assert float((bins["count"] * (bins["accuracy"] - bins["confidence"]).abs()).sum() / 300) == pytest.approx(0.2)
+    from torchmetrics.classification import MulticlassCalibrationError
+
+    logits = torch.randn(500, 7, generator=torch.Generator().manual_seed(0)) * 3
+    target = torch.randint(0, 7, (500,), generator=torch.Generator().manual_seed(1))
+    probs = logits.softmax(-1)
+    tm = MulticlassCalibrationError(num_classes=7, n_bins=15, norm="l1")(probs, target)
+    assert expected_calibration_error(probs.max(-1).values, probs.argmax(-1) == target) == pytest.approx(float(tm))
+
+
+def test_temperature_scaling_lowers_nll_of_an_overconfident_model_and_keeps_its_predictions():
+    g = torch.Generator().manual_seed(0)
+    true_logits = torch.randn(4000, 10, generator=g) * 1.5  # the labels are drawn from these: calibrated
+    target = torch.multinomial(true_logits.softmax(-1), 1, generator=g)[:, 0]
+    over = 3.0 * true_logits  # the same ranking, three times too sure
+    val, test = slice(0, 2000), slice(2000, None)
+    t = fit_temperature(over[val], target[val])
+    print(f"fitted T = {t:.3f} (true over-confidence 3.0)")
+    assert t == pytest.approx(3.0, rel=0.1)
+    assert nll(over[val], target[val], t) < nll(over[val], target[val]) - 0.1
+    assert nll(over[test], target[test], t) < nll(over[test], target[test]) - 0.1
+    assert torch.equal((over / t).argmax(-1), over.argmax(-1))
+    ece = lambda z: expected_calibration_error(z.softmax(-1).max(-1).values, z.argmax(-1) == target[test])  # noqa: E731
+    assert ece(over[test] / t) < ece(over[test]) / 2
+
+
+# ---- the run's files ---------------------------------------------------------------------------
+
+
+def test_predictions_cover_the_test_set_once_and_match_test_acc(run):
+    rows = _csv(run.dir / "predictions.csv")
+    assert len(rows) == DIGITS_TEST
+    assert sorted(int(r["index"]) for r in rows) == list(range(DIGITS_TEST))
+    from vitpipe.data import DigitsDataModule
+
+    dm = DigitsDataModule(img_size=8, in_chans=1, num_classes=10, channels=1)
+    dm.setup("test")
+    assert [int(r["target"]) for r in rows] == dm.data_test.labels.tolist()  # index -> the right image
+    acc = np.mean([r["target"] == r["pred"] for r in rows])
+    metrics = json.loads((run.dir / "metrics.json").read_text())
+    print(f"test/acc {metrics['test/acc']:.4f}, from predictions.csv {acc:.4f}")
+    assert acc == pytest.approx(metrics["test/acc"], abs=1e-6)
+    assert acc > 0.2  # the fixture's model is past chance (0.1): the checks below are not trivial
+    preds = read_predictions(run.dir / "predictions.csv")
+    assert preds.ece() == pytest.approx(metrics["test/ece"], abs=1e-4)  # CSV probabilities have 6 digits
+    assert all(0 < float(r["prob_target"]) <= float(r["prob"]) + 1e-9 <= 1 + 1e-9 for r in rows)
+
+
+def test_confusion_matrix_and_per_class_metrics_equal_sklearn_recomputed_from_predictions(run):
+    from sklearn.metrics import confusion_matrix, f1_score, precision_score, recall_score
+
+    rows = _csv(run.dir / "predictions.csv")
+    y, p = [int(r["target"]) for r in rows], [int(r["pred"]) for r in rows]
+    labels = list(range(10))
+    saved = np.array([[int(v) for v in list(r.values())[1:]] for r in _csv(run.dir / "report" / "confusion_matrix.csv")])
+    np.testing.assert_array_equal(saved, confusion_matrix(y, p, labels=labels))
+    per_class = _csv(run.dir / "report" / "per_class.csv")
+    assert [r["name"] for r in per_class] == [str(d) for d in range(10)]
+    for key, fn in (("recall", recall_score), ("precision", precision_score), ("f1", f1_score)):
+        np.testing.assert_allclose([float(r[key]) for r in per_class], fn(y, p, labels=labels, average=None,
+                                                                            zero_division=0), atol=1e-5)
+    assert sum(int(r["support"]) for r in per_class) == DIGITS_TEST
+    # the diagonal of the row-normalised matrix (what the picture shows) is the per-class recall
+    norm = row_normalise(confusion_counts(torch.tensor(y), torch.tensor(p), 10))
+    np.testing.assert_allclose(norm.diag().numpy(), [float(r["recall"]) for r in per_class], atol=1e-5)
+
+
+def test_report_pngs_are_valid_images_of_the_expected_size(run):
+    expected = {"confusion_matrix": confusion_size(10), "calibration": CALIBRATION_SIZE, "curves": CURVES_SIZE,
+                "errors": errors_size(16)}
+    for name, (w, h) in expected.items():
+        path = run.dir / "report" / f"{name}.png"
+        with Image.open(path) as im:
+            im.verify()
+        with Image.open(path) as im:
+            assert im.format == "PNG" and im.size == (round(w * DPI), round(h * DPI)), name
+            assert np.asarray(im.convert("L")).std() > 5, f"{name}.png is blank"
+
+
+def test_report_md_links_exist_and_the_table_has_the_numbers(run):
+    md = (run.dir / "report" / "report.md").read_text()
+    links = re.findall(r"\]\(([^)]+)\)", md)
+    assert {"confusion_matrix.png", "calibration.png", "curves.png", "errors.png", "per_class.csv"} <= set(links)
+    for link in links:
+        assert (run.dir / "report" / link).is_file(), link
+    acc = json.loads((run.dir / "metrics.json").read_text())["test/acc"]
+    assert f"| accuracy | {acc:.4f} |" in md
+
+
+def test_history_has_one_row_per_epoch_with_the_logged_values(run):
+    rows = read_history(run.dir / "history.csv")
+    assert [r["epoch"] for r in rows] == [0, 1] and [r["step"] for r in rows] == [20, 40]
+    assert {"lr", "train/loss", "train/acc", "val/loss", "val/acc"} <= set(rows[0])
+    # the last row's values are the run's final epoch metrics
+    assert rows[-1]["val/acc"] == pytest.approx(run.metrics["val/acc"], rel=1e-5)
+    assert rows[-1]["train/loss"] == pytest.approx(run.metrics["train/loss"], rel=1e-5)
+
+
+def test_resumed_run_writes_the_whole_history_once(run, tmp_path):
+    from vitpipe.train import train
+
+    ckpt = run.dir / "checkpoints" / "epoch_000.ckpt"
+    cfg = make_cfg(tmp_path, [*RUN, "trainer.max_epochs=3", "test=false", f"ckpt_path={ckpt}"])
+    train(cfg)
+    first, resumed = read_history(run.dir / "history.csv"), read_history(Path(cfg.paths.output_dir) / "history.csv")
+    assert [r["epoch"] for r in resumed] == [0, 1, 2]  # epoch 0 from the checkpoint, 1-2 trained again
+    assert resumed[0] == first[0]
+
+
+def test_history_drops_rows_of_the_epoch_a_resume_restarts():
+    cb = HistoryCallback()
+    cb.load_state_dict({"rows": [{"epoch": e, "step": 10 * e} for e in range(3)]})
+    cb.on_train_epoch_start(SimpleNamespace(current_epoch=1), None)
+    assert [r["epoch"] for r in cb.rows] == [0]
+
+
+def test_confusion_figure_is_readable_at_10_and_100_classes():
+    for c, numbers in ((10, True), (100, False)):
+        norm = row_normalise(torch.eye(c, dtype=torch.long) * 5 + 1)
+        fig = confusion_figure(norm, [f"class {i}" for i in range(c)])
+        ax = fig.axes[0]
+        assert len(ax.get_xticklabels()) == c and ax.get_yticklabels()[-1].get_text() == f"class {c - 1}"
+        assert (len(ax.texts) > 0) == numbers  # per-cell numbers only when there are few classes
+        assert tuple(fig.get_size_inches()) == confusion_size(c)
+
+
+def test_figures_go_to_tensorboard(tmp_path, run):
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from vitpipe.report.callback import log_figures
+
+    tb = TensorBoardLogger(str(tmp_path), name="tb", version="")
+    figures = {p.stem: p for p in (run.dir / "report").glob("*.png")}
+    log_figures(SimpleNamespace(loggers=[tb], global_step=7), figures)
+    tb.experiment.flush()
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0}).Reload()
+    assert set(acc.Tags()["images"]) == {f"report/{name}" for name in figures}

@@ -1,0 +1,178 @@
+"""Per-sample test predictions: collected during ``trainer.test``, gathered over ranks, ``predictions.csv``.
+
+Batches carry no sample index, so the collector asks the test loader's batch sampler for the
+indices of each batch: vitpipe's evaluation loaders use an unshuffled, unpadded ``ShardedSampler``
+(``order[rank::world]``), so iterating it again gives exactly the indices the loader read, and
+after gathering every test image appears once. The labels read back from the data set at those
+indices are checked against the batch's, so a sampler that is not deterministic stops the run
+instead of writing a wrong file.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from vitpipe.report.calibration import expected_calibration_error
+from vitpipe.report.samples import dataset_targets, sample_path
+from vitpipe.runinfo import atomic_write_text
+
+PREDICTIONS_FILE = "predictions.csv"
+
+
+@dataclass
+class Predictions:
+    """Predictions on N samples, sorted by ``index``; ``logits`` (N, C) only in memory."""
+
+    index: Tensor  # (N,) int64, position in the evaluated data set
+    target: Tensor  # (N,) int64
+    pred: Tensor  # (N,) int64, top-1 class
+    prob: Tensor  # (N,) float, probability of pred (the top-1 confidence)
+    prob_target: Tensor  # (N,) float, probability of target
+    paths: list[str] | None = None
+    logits: Tensor | None = None  # (N, C)
+
+    @classmethod
+    def from_logits(cls, index: Tensor, logits: Tensor, target: Tensor, paths: list[str] | None = None):
+        order = index.argsort()
+        index, logits, target = index[order], logits[order].float(), target[order]
+        probs = logits.softmax(-1)  # (N, C)
+        prob, pred = probs.max(-1)
+        prob_target = probs.gather(1, target[:, None])[:, 0]
+        return cls(index, target, pred, prob, prob_target, paths, logits)
+
+    @property
+    def correct(self) -> Tensor:
+        return self.pred == self.target
+
+    def accuracy(self) -> float:
+        return float(self.correct.double().mean()) if len(self.index) else 0.0
+
+    def ece(self) -> float:
+        return expected_calibration_error(self.prob, self.correct)
+
+    def to_csv(self, class_names: list[str] | None = None) -> str:
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        names = class_names is not None
+        w.writerow(["index"] + (["path"] if self.paths else []) + ["target", "pred", "prob", "prob_target"]
+                   + (["target_name", "pred_name"] if names else []))
+        for k in range(len(self.index)):
+            t, p = int(self.target[k]), int(self.pred[k])
+            w.writerow([int(self.index[k])] + ([self.paths[k]] if self.paths else [])
+                       + [t, p, f"{float(self.prob[k]):.6g}", f"{float(self.prob_target[k]):.6g}"]
+                       + ([class_names[t], class_names[p]] if names else []))
+        return buf.getvalue()
+
+    def write(self, path: Path, class_names: list[str] | None = None) -> Path:
+        atomic_write_text(Path(path), self.to_csv(class_names))
+        return Path(path)
+
+
+def read_predictions(path: Path) -> Predictions:
+    """predictions.csv -> Predictions (no logits: the file holds what the report needs)."""
+    with Path(path).open(newline="") as f:
+        rows = list(csv.DictReader(f))
+
+    def col(name, dtype):
+        return torch.tensor([dtype(r[name]) for r in rows], dtype=torch.long if dtype is int else torch.float64)
+
+    paths = [r["path"] for r in rows] if rows and "path" in rows[0] else None
+    return Predictions(col("index", int), col("target", int), col("pred", int), col("prob", float),
+                       col("prob_target", float), paths)
+
+
+class TestPredictions(L.Callback):
+    """Collect (index, logits, target) of every test batch; after the epoch ``self.result`` holds the
+    Predictions of the whole test set on every rank, and ``test/ece`` is logged (15 bins, L1).
+
+    Needs a classifier batch ``(x, y)``. The logits are what ``test_step`` returns when it returns
+    a (B, C) tensor; otherwise the callback runs the module's evaluation network on ``x`` again.
+    Other modules (captioners) are left alone.
+    """
+
+    def __init__(self) -> None:
+        self.result: Predictions | None = None
+        self._parts: list[tuple[Tensor, Tensor, Tensor]] = []
+        self._batches: list[list[int]] | None = None
+
+    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.result, self._parts = None, []
+        loader = trainer.test_dataloaders
+        loader = loader[0] if isinstance(loader, (list, tuple)) else loader
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        self._batches = [list(b) for b in batch_sampler] if batch_sampler is not None else None
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0):
+        if dataloader_idx != 0 or not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            return
+        x, y = batch
+        if not _is_classifier(pl_module) or y.ndim != 1:
+            return
+        if self._batches is None:
+            raise RuntimeError("the test loader has no batch sampler: cannot tell which images a batch holds")
+        index = torch.tensor(self._batches[batch_idx], dtype=torch.long)
+        if len(index) != len(y):
+            raise RuntimeError(f"test batch {batch_idx} holds {len(y)} images but its sampler gave {len(index)} indices")
+        logits = outputs if isinstance(outputs, Tensor) and outputs.shape[:1] == y.shape else _eval_logits(pl_module, x)
+        self._parts.append((index.to(y.device), logits.detach().float(), y.detach()))
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._parts:
+            return
+        index, logits, target = (torch.cat(t) for t in zip(*self._parts))
+        self._parts = []
+        index, logits, target = gather_unequal(trainer, index, logits, target)
+        index, logits, target = index.cpu(), logits.cpu(), target.cpu()
+        if len(index.unique()) != len(index):
+            raise RuntimeError("a test image was evaluated twice (a padded sampler?); predictions would double count")
+        ds = _test_dataset(trainer)
+        if ds is not None:
+            known = dataset_targets(ds, index)
+            if known is not None and not torch.equal(known, target):
+                raise RuntimeError("test labels differ from the data set's at the sampler's indices: "
+                                   "the test loader's order is not deterministic")
+        paths = None
+        if ds is not None and len(index) and sample_path(ds, int(index[0])) is not None:
+            paths = [sample_path(ds, int(i)) for i in index]
+        self.result = Predictions.from_logits(index, logits, target, paths)
+        # the same on every rank (all hold the gathered set): no further sync
+        pl_module.log("test/ece", self.result.ece(), sync_dist=False)
+
+
+def gather_unequal(trainer: L.Trainer, *tensors: Tensor) -> tuple[Tensor, ...]:
+    """Concatenate each rank's tensors (same count along dim 0 within a rank, counts may differ
+    across ranks: unpadded evaluation shards) into the whole, on every rank, rank order."""
+    if trainer.world_size == 1:
+        return tensors
+    strategy = trainer.strategy
+    n = torch.tensor([len(tensors[0])], device=tensors[0].device)
+    counts = strategy.all_gather(n).view(-1).tolist()  # (world,)
+    longest = max(counts)
+    out = []
+    for t in tensors:
+        pad = torch.zeros((longest - len(t), *t.shape[1:]), dtype=t.dtype, device=t.device)
+        g = strategy.all_gather(torch.cat([t, pad]))  # (world, longest, ...)
+        out.append(torch.cat([g[r, :c] for r, c in enumerate(counts)]))
+    return tuple(out)
+
+
+def _is_classifier(pl_module: L.LightningModule) -> bool:
+    return getattr(getattr(pl_module, "net", None), "num_classes", 0) > 0
+
+
+def _eval_logits(pl_module: L.LightningModule, x: Tensor) -> Tensor:
+    ema = getattr(pl_module, "ema", None)
+    net = ema.module if ema is not None else pl_module.net  # what ImageClassifier evaluates with
+    with torch.no_grad():
+        return net(x)
+
+
+def _test_dataset(trainer: L.Trainer):
+    return getattr(trainer.datamodule, "data_test", None) if trainer.datamodule is not None else None
