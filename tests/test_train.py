@@ -113,10 +113,10 @@ def test_resume_continues_at_the_saved_step(cfg_factory):
     assert adam_steps == {6.0}  # AdamW's moments were restored and continued, not restarted
 
     # a directory resolves to its newest last.ckpt: the resumed run's (`last` is covered in test_scale)
-    from vitpipe.config import resolve_ckpt_path
+    from vitpipe.checkpoint import resolve_ckpt_path
 
     root = Path(first.paths.output_dir).parents[1]
-    assert Path(resolve_ckpt_path(str(root), resumed)).parent.parent == Path(resumed.paths.output_dir)
+    assert resolve_ckpt_path(str(root), which="last").parent.parent == Path(resumed.paths.output_dir)
 
 
 # ---- bad input: one clear error, before data loads -------------------------------------------------

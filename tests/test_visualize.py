@@ -17,7 +17,7 @@ from vitpipe.errors import ConfigError
 from vitpipe.models.vit import ViT
 from vitpipe.train import train
 from vitpipe.viz import visualize as viz
-from vitpipe.viz.checkpoint import load_from_checkpoint
+from vitpipe.checkpoint import load_from_checkpoint, resolve_ckpt_path
 from vitpipe.viz.rollout import attention_rollout, rollout_for_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,7 +152,7 @@ def test_test_split(tmp_path, classifier_ckpt):
 
 
 def test_run_directory_resolves_to_its_best_checkpoint(classifier_ckpt):
-    assert viz.checkpoint_file(classifier_ckpt.parent.parent) == classifier_ckpt
+    assert resolve_ckpt_path(classifier_ckpt.parent.parent, which="best") == classifier_ckpt
 
 
 def test_captioner_one_overlay_per_word(tmp_path, captioner_ckpt, monkeypatch):

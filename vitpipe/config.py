@@ -64,61 +64,6 @@ def instantiate_callbacks(node: DictConfig | None) -> list:
     return [instantiate_checked(c, f"callbacks.{k}") for k, c in (node or {}).items() if c and "_target_" in c]
 
 
-def resolve_ckpt_path(value, cfg: DictConfig, net: torch.nn.Module | None = None) -> str | None:
-    """A checkpoint to resume from: a file, a run directory (its newest last.ckpt) or ``last``
-    (the newest last.ckpt of this task). Checked to be readable and to fit ``net`` now, not
-    after the data has loaded."""
-    if value in (None, ""):
-        return None
-    if value == "last":
-        root = Path(cfg.paths.log_dir) / cfg.task_name
-        path = _newest_last(root)
-        if path is None:
-            raise ConfigError(f"ckpt_path=last: no last.ckpt under {root}; pass ckpt_path=<file or run dir>")
-    else:
-        path = Path(value)
-        if path.is_dir():
-            path = _newest_last(path)
-            if path is None:
-                raise ConfigError(f"ckpt_path={value}: that directory holds no last.ckpt")
-        elif not path.is_file():
-            raise ConfigError(f"ckpt_path={value}: no such file; pass a .ckpt file, a run directory or `last`")
-    checkpoint = load_checkpoint(path)
-    if net is not None:
-        check_fits(checkpoint["state_dict"], net, path)
-    log.info("resuming from %s", path)
-    return str(path)
-
-
-def _newest_last(root: Path) -> Path | None:
-    found = sorted(root.rglob("last.ckpt"), key=lambda p: p.stat().st_mtime) if root.is_dir() else []
-    return found[-1] if found else None
-
-
-def load_checkpoint(path) -> dict:
-    """Read a Lightning checkpoint without executing pickled code; ConfigError when unreadable."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ConfigError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise ConfigError(f"{path} is not a Lightning checkpoint (no 'state_dict')")
-    return ckpt
-
-
-def check_fits(state_dict: dict, net: torch.nn.Module, path) -> None:
-    own = {f"net.{k}": v.shape for k, v in net.state_dict().items()}
-    theirs = {k: v.shape for k, v in state_dict.items() if k.startswith("net.")}
-    wrong = [f"{k} {tuple(theirs[k])} vs {tuple(s)}" for k, s in own.items() if k in theirs and theirs[k] != s]
-    missing = [k for k in own if k not in theirs]
-    if wrong or missing:
-        raise ConfigError(
-            f"checkpoint {path} does not fit the configured model: "
-            + (f"shape mismatches {wrong[:3]}" if wrong else f"missing {missing[:3]}")
-            + "; use the model config the checkpoint was trained with"
-        )
-
-
 def apply_lr_scaling(cfg: DictConfig, trainer) -> None:
     """Print the effective batch size and rescale ``module.optimizer.lr`` by ``cfg.lr_scaling``."""
     per_device = cfg.data.get("batch_size")

@@ -13,13 +13,26 @@ from omegaconf import DictConfig, OmegaConf
 
 
 class ConfigInCheckpoint(L.Callback):
-    """Store the resolved run config in each checkpoint, so a checkpoint rebuilds its model alone."""
+    """Store the resolved run config and the class names in each checkpoint, so a checkpoint
+    rebuilds its model alone (``vitpipe.checkpoint.rebuild``) and names its predictions.
+
+    The config is resolved at ``setup``, not at construction: train() rescales the lr
+    (``apply_lr_scaling``) after the Trainer exists, and the stored config must equal config.yaml.
+    """
 
     def __init__(self, cfg: DictConfig) -> None:
-        self.config = OmegaConf.to_container(cfg, resolve=True)
+        self.cfg = cfg
+        self.config: dict | None = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self.config = OmegaConf.to_container(self.cfg, resolve=True)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        if self.config is None:
+            self.setup(trainer, pl_module, "fit")
         checkpoint["vitpipe_config"] = self.config
+        names = getattr(trainer.datamodule, "class_names", None)
+        checkpoint["class_names"] = None if names is None else [str(n) for n in names]
 
 
 def atomic_write_text(path: Path, text: str) -> None:

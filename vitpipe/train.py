@@ -8,11 +8,13 @@ config alone is checked before any data loads.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig
 
+from vitpipe.checkpoint import check_fits, load_checkpoint, resolve_ckpt_path
 from vitpipe.config import (
     apply_lr_scaling,
     check_config,
@@ -20,7 +22,6 @@ from vitpipe.config import (
     instantiate_callbacks,
     instantiate_loggers,
     instantiate_checked,
-    resolve_ckpt_path,
 )
 from vitpipe.errors import ConfigError
 from vitpipe.runinfo import ConfigInCheckpoint, collect_metrics, finish_loggers, print_summary, write_run_files
@@ -62,7 +63,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     trainer: L.Trainer = instantiate_checked(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
     apply_lr_scaling(cfg, trainer)  # needs the world size, which only the Trainer knows
     dm, net, module = build(cfg)
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), cfg, net=net)
+    ckpt_path = resume_path(cfg, net)
     write_run_files(cfg, {})
     try:
         if cfg.get("train", True):
@@ -77,6 +78,18 @@ def train(cfg: DictConfig) -> dict[str, float]:
         return metrics
     finally:
         finish_loggers(loggers)
+
+
+def resume_path(cfg: DictConfig, net) -> str | None:
+    """The checkpoint ``cfg.ckpt_path`` resumes from (a file; a run directory or ``last``, the newest
+    run of this task: its last.ckpt), checked to fit ``net`` now rather than after the data loads."""
+    if cfg.get("ckpt_path") in (None, ""):
+        return None
+    path = resolve_ckpt_path(cfg.ckpt_path, log_dir=Path(cfg.paths.log_dir) / cfg.task_name, which="last")
+    checkpoint = load_checkpoint(path)
+    check_fits(checkpoint["state_dict"], net, path)
+    log.info("resuming from %s (epoch %s, global step %s)", path, checkpoint.get("epoch"), checkpoint.get("global_step"))
+    return str(path)
 
 
 def _best_checkpoint(trainer: L.Trainer) -> str | None:

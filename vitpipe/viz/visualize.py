@@ -22,12 +22,13 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 from omegaconf import DictConfig
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor
 from tqdm import tqdm
 
+from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
 from vitpipe.data.fast import to_model_input
 from vitpipe.errors import ConfigError
-from vitpipe.viz.checkpoint import load_from_checkpoint
 from vitpipe.viz.overlay import overlay, overlay_grid, save_figure, to_numpy_image, unnormalize
 from vitpipe.viz.rollout import (
     FUSIONS,
@@ -40,8 +41,6 @@ from vitpipe.viz.rollout import (
 METHODS = ("rollout", "gradient", "heads", "all")
 SPLITS = ("val", "test")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-# both caption data sets normalise with ImageNet statistics and do not expose them
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 @dataclass
@@ -79,22 +78,6 @@ def check_options(cfg: DictConfig) -> None:
         )
 
 
-def checkpoint_file(value) -> Path:
-    """A .ckpt file as given, or a run directory's best checkpoint (its newest last.ckpt if none other)."""
-    if value in (None, ""):
-        raise ConfigError("ckpt_path is not set; pass ckpt_path=<a .ckpt file or a run directory>")
-    path = Path(str(value))
-    if path.is_dir():
-        found = sorted(path.rglob("*.ckpt"), key=lambda p: (p.name != "last.ckpt", p.stat().st_mtime))
-        if not found:
-            raise ConfigError(f"ckpt_path={value}: that directory holds no .ckpt file; "
-                              "pass a checkpoint or a run directory")
-        return found[-1]  # newest non-last checkpoint: ModelCheckpoint keeps the best (save_top_k=1)
-    if not path.is_file():
-        raise ConfigError(f"ckpt_path={value}: no such file; pass a .ckpt file or a run directory")
-    return path
-
-
 def kinds_for(method: str, captioner: bool) -> list[str]:
     if not captioner:
         return ["rollout", "gradient", "heads"] if method == "all" else [method]
@@ -114,7 +97,7 @@ def data_stats(dm, encoder) -> tuple[tuple[float, ...], tuple[float, ...], int]:
     channels = int(getattr(dm, "channels", encoder.in_chans))
     mean, std = getattr(dm, "mean", None), getattr(dm, "std", None)
     if mean is None or std is None:  # caption data sets: ImageNet statistics (1 channel: their average)
-        mean, std = IMAGENET_MEAN, IMAGENET_STD
+        mean, std = IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
         if channels == 1:
             mean, std = (sum(mean) / 3,), (sum(std) / 3,)
     return tuple(mean), tuple(std), channels
@@ -271,8 +254,10 @@ def visualize(cfg: DictConfig) -> list[Path]:
     """Write the attention figures ``cfg`` asks for; returns the paths written."""
     check_options(cfg)
     device = _device(cfg.device)
-    ckpt_path = checkpoint_file(cfg.ckpt_path)
-    net, _, dm = load_from_checkpoint(ckpt_path)
+    ckpt_path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best")
+    run = rebuild(load_checkpoint(ckpt_path), ckpt_path, data=cfg.get("data"), paths=cfg.paths,
+                  task_name=cfg.task_name)
+    net, dm = run.net, run.datamodule
     captioner = hasattr(net, "generate")
     kinds = kinds_for(cfg.method, captioner)
     encoder = net.encoder if captioner else net
@@ -284,13 +269,7 @@ def visualize(cfg: DictConfig) -> list[Path]:
     else:
         images = folder_images(Path(source), cfg.num_images, encoder=encoder, mean=mean, std=std, channels=channels)
 
-    tokenizer = None
-    if captioner:
-        tokenizer = getattr(dm, "tokenizer", None) if dm is not None else None
-        if tokenizer is None:
-            from vitpipe.lit.captioner import load_tokenizer
-
-            tokenizer = load_tokenizer(ckpt_path)
+    tokenizer = run.module.tokenizer if captioner else None  # the checkpoint's vocabulary
 
     net.to(device)
     out = Path(cfg.out)
