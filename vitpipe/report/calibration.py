@@ -58,7 +58,8 @@ def fit_temperature(logits: Tensor, target: Tensor, *, max_iter: int = 100) -> f
 
     logits: (N, C) of the VALIDATION split (fitting on the test split would report a biased ECE).
     """
-    logits, target = logits.detach().double(), target.detach()
+    # clones: tensors made under trainer.test's inference mode cannot enter autograd
+    logits, target = logits.detach().clone().double(), target.detach().clone()
     log_t = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS([log_t], lr=0.1, max_iter=max_iter, line_search_fn="strong_wolfe")
 

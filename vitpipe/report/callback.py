@@ -39,7 +39,8 @@ class ReportCallback(TestPredictions):
         names = getattr(dm, "class_names", None)
         self.result.write(run_dir / PREDICTIONS_FILE, list(names) if names else None)
         ds = getattr(dm, "data_test", None)
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()
+        # keyed by the split evaluated (eval's split=val runs the test loop on the validation set)
+        metrics = {f"{self.split}/{k.removeprefix('test/')}": float(v) for k, v in trainer.callback_metrics.items()
                    if k.startswith("test/") and v.numel() == 1}
         self.figures = write_report(run_dir, list(names) if names else None,
                                     num_classes=getattr(pl_module.net, "num_classes", None),

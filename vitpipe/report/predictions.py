@@ -17,7 +17,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from vitpipe.report.calibration import expected_calibration_error
 from vitpipe.report.samples import dataset_targets, sample_path
@@ -167,11 +167,18 @@ def _is_classifier(pl_module: L.LightningModule) -> bool:
     return getattr(getattr(pl_module, "net", None), "num_classes", 0) > 0
 
 
+def evaluated_net(module: L.LightningModule) -> nn.Module:
+    """The network ``test_step`` runs: ImageClassifier's ``eval_net`` (the EMA copy when kept)."""
+    net = getattr(module, "eval_net", None)
+    if isinstance(net, nn.Module):
+        return net
+    ema = getattr(module, "ema", None)
+    return ema.module if ema is not None else module.net
+
+
 def _eval_logits(pl_module: L.LightningModule, x: Tensor) -> Tensor:
-    ema = getattr(pl_module, "ema", None)
-    net = ema.module if ema is not None else pl_module.net  # what ImageClassifier evaluates with
     with torch.no_grad():
-        return net(x)
+        return evaluated_net(pl_module)(x)
 
 
 def _test_dataset(trainer: L.Trainer):

@@ -1,0 +1,164 @@
+"""What ``scripts/eval.py`` adds around ``trainer.test``: the report, ``split``, ``calibrate``, ``tta``.
+
+- ``split=test|val``: the split evaluated (metrics keyed ``test/*`` or ``val/*``); its report and
+  predictions.csv go to the eval run directory, with the training run's history.csv copied beside
+  them for the curves.
+- ``calibrate=true``: fit one temperature on the validation split (Guo et al. 2017), test with it,
+  report ``test/ece`` and ``test/nll`` after and ``*_uncalibrated`` before, and store
+  ``calibration.json`` beside the checkpoint (scripts/predict.py applies it).
+- ``tta=hflip``: average the softmax over each image and its mirror (logits become the log of the
+  averaged probabilities, so loss, accuracy, ECE and the report all see the averaged prediction).
+
+TTA and the temperature act through forward hooks on the evaluated network, removed afterwards:
+the module and its weights stay as loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from vitpipe.errors import ConfigError
+from vitpipe.report.calibration import expected_calibration_error, fit_temperature, nll, write_calibration
+from vitpipe.report.callback import ReportCallback
+from vitpipe.report.history import HISTORY_FILE
+from vitpipe.report.predictions import Predictions, TestPredictions, evaluated_net
+
+SPLITS, TTAS = ("test", "val"), ("none", "hflip")
+
+
+@dataclass
+class EvalOptions:
+    split: str = "test"
+    calibrate: bool = False
+    tta: str = "none"
+
+
+def eval_options(cfg: DictConfig) -> EvalOptions:
+    """``split``, ``calibrate``, ``tta`` of an eval config, checked before anything loads."""
+    split, calibrate, tta = cfg.get("split", "test"), cfg.get("calibrate", False), cfg.get("tta", "none")
+    if split not in SPLITS:
+        raise ConfigError(f"split={split!r}; valid choices: {', '.join(SPLITS)}")
+    if not isinstance(calibrate, bool):
+        raise ConfigError(f"calibrate={calibrate!r}; use true or false")
+    if tta in (None, False):
+        tta = "none"
+    if tta not in TTAS:
+        raise ConfigError(f"tta={tta!r}; valid choices: {', '.join(TTAS)}")
+    if calibrate and split != "test":
+        raise ConfigError("calibrate=true fits the temperature on the validation split: evaluate split=test with it")
+    return EvalOptions(split, calibrate, tta)
+
+
+def report_callbacks(cfg: DictConfig) -> list[L.Callback]:
+    """The callbacks of the eval Trainer: the report, written to the eval run directory."""
+    return [ReportCallback(dirpath=str(cfg.paths.output_dir), split=eval_options(cfg).split)]
+
+
+def evaluate_with_report(cfg: DictConfig, trainer: L.Trainer, module: L.LightningModule, datamodule,
+                     ckpt_path) -> dict[str, float]:
+    """Evaluate the loaded ``module`` per ``cfg.split/calibrate/tta``; returns the metrics.
+
+    ``trainer`` carries the ReportCallback (``report_callbacks``); the module holds the weights.
+    """
+    opts = eval_options(cfg)
+    out, ckpt_path = Path(cfg.paths.output_dir), Path(ckpt_path)
+    history = ckpt_path.parent.parent / HISTORY_FILE  # <run dir>/checkpoints/x.ckpt -> <run dir>/history.csv
+    if history.is_file() and history.parent.resolve() != out.resolve():
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(history, out / HISTORY_FILE)
+    report = next((c for c in trainer.callbacks if isinstance(c, ReportCallback)), None)
+    net = evaluated_net(module)
+
+    temperature, val = None, None
+    if opts.calibrate:
+        val = _predict_split(cfg, module, datamodule, "val", tta=opts.tta)
+        temperature = fit_temperature(val.logits, val.target)
+        if report is not None:
+            report.title = f"temperature T = {temperature:.3f} (fitted on the validation split, NLL)"
+    with _as_test_split(datamodule, opts.split), at_test_time(net, tta=opts.tta, temperature=temperature):
+        trainer.test(module, datamodule=datamodule)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/") and v.numel() == 1}
+
+    result = report.result if report is not None else None
+    if result is not None:
+        metrics["test/nll"] = nll(result.logits, result.target)
+    if temperature is not None and result is not None:
+        raw = result.logits * temperature  # the same network without the temperature
+        before = Predictions.from_logits(result.index, raw, result.target)
+        metrics |= {"test/temperature": temperature, "test/nll_uncalibrated": nll(raw, result.target),
+                    "test/ece_uncalibrated": before.ece()}
+        write_calibration(
+            ckpt_path.parent, temperature, checkpoint=ckpt_path.name, tta=opts.tta, fitted_on="val",
+            val_nll_before=nll(val.logits, val.target), val_nll_after=nll(val.logits, val.target, temperature),
+            val_ece_before=val.ece(), val_ece_after=_ece(val.logits / temperature, val.target),
+            test_nll_before=metrics["test/nll_uncalibrated"], test_nll_after=metrics["test/nll"],
+            test_ece_before=metrics["test/ece_uncalibrated"], test_ece_after=metrics.get("test/ece"),
+        )
+    if opts.split != "test":
+        metrics = {f"{opts.split}/{k.removeprefix('test/')}": v for k, v in metrics.items()}
+    return metrics
+
+
+@contextlib.contextmanager
+def at_test_time(net: nn.Module, *, tta: str = "none", temperature: float | None = None):
+    """While inside: ``net(x)`` returns TTA-averaged and/or temperature-scaled logits (B, C)."""
+    handles = []
+    if tta == "hflip":
+        def hflip(mod, args, logits):
+            # mod.forward, not mod(...): the hooks (this one included) are not re-entered
+            mirrored = mod.forward(args[0].flip(-1))  # (B, C); x is (B, C, H, W), flip W
+            probs = (logits.float().softmax(-1) + mirrored.float().softmax(-1)) / 2
+            return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()  # softmax(log p) = p
+
+        handles.append(net.register_forward_hook(hflip))
+    if temperature is not None:
+        handles.append(net.register_forward_hook(lambda mod, args, logits: logits / temperature))
+    try:
+        yield net
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def _as_test_split(datamodule, split: str):
+    """Let ``trainer.test`` read ``split``: the data module's test set is swapped for it meanwhile."""
+    if split == "test":
+        yield
+        return
+    datamodule.setup("fit")
+    if datamodule.data_val is None or len(datamodule.data_val) == 0:
+        raise ConfigError(f"split={split}: this data has no validation images (data.val_split=0?)")
+    saved, datamodule.data_test = datamodule.data_test, datamodule.data_val
+    try:
+        yield
+    finally:
+        datamodule.data_test = saved
+
+
+def _predict_split(cfg: DictConfig, module, datamodule, split: str, *, tta: str) -> Predictions:
+    """Logits of a whole split, through a Trainer of the eval config (devices, precision) that
+    writes nothing."""
+    from vitpipe.config import instantiate_checked
+
+    collector = TestPredictions()
+    trainer = instantiate_checked(cfg.trainer, "trainer", logger=False, callbacks=[collector],
+                                  enable_checkpointing=False, enable_progress_bar=False)
+    with _as_test_split(datamodule, split), at_test_time(evaluated_net(module), tta=tta):
+        trainer.test(module, datamodule=datamodule, verbose=False)
+    if collector.result is None:
+        raise ConfigError(f"split={split}: the module produced no class predictions (not a classifier?)")
+    return collector.result
+
+
+def _ece(logits: torch.Tensor, target: torch.Tensor) -> float:
+    probs = logits.softmax(-1)
+    return expected_calibration_error(probs.max(-1).values, probs.argmax(-1) == target)
