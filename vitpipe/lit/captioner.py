@@ -15,9 +15,11 @@ import lightning as L
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from torchmetrics import MaxMetric, MeanMetric
 
 from vitpipe.errors import ConfigError
+from vitpipe.lit.nonfinite import NonFiniteGuard, check_policy
 from vitpipe.lit.optim import ConfiguredOptimizers
 from vitpipe.metrics import CaptionScores
 from vitpipe.models.captioner import Captioner
@@ -28,7 +30,7 @@ log = logging.getLogger(__name__)
 SCORE_KEYS = ("bleu1", "bleu2", "bleu3", "bleu4", "cider")
 
 
-class CaptionModule(ConfiguredOptimizers, L.LightningModule):
+class CaptionModule(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
     """Args:
         net: a ``Captioner``.
         tokenizer: the data's ``WordTokenizer`` (``dm.module_kwargs()``); replaced by the one saved
@@ -40,12 +42,16 @@ class CaptionModule(ConfiguredOptimizers, L.LightningModule):
         beam_size, length_penalty, max_gen_len: decoding for validation, test and predict
             (``Captioner.generate``; ``max_gen_len=None``: the decoder's max_len).
         num_samples: captions logged as text after each validation (and as a wandb Table).
+        nonfinite: what a NaN/inf loss does, as in the classifier (``vitpipe.lit.nonfinite``):
+            ``"error"`` stops naming the step, ``"skip"`` drops the step on every rank.
     """
 
     def __init__(self, net: Captioner, tokenizer: WordTokenizer, optimizer, scheduler=None, *,
                  warmup_fraction: float = 0.05, label_smoothing: float = 0.0, beam_size: int = 1,
-                 length_penalty: float = 1.0, max_gen_len: int | None = None, num_samples: int = 8) -> None:
+                 length_penalty: float = 1.0, max_gen_len: int | None = None, num_samples: int = 8,
+                 nonfinite: str = "error") -> None:
         super().__init__()
+        check_policy(nonfinite)
         self.save_hyperparameters(ignore=["net", "tokenizer", "optimizer", "scheduler"], logger=False)
         if tokenizer.vocab_size != net.vocab_size or tokenizer.pad_id != net.pad_id:
             raise ConfigError(f"tokenizer (vocab_size={tokenizer.vocab_size}) and model (vocab_size={net.vocab_size}) "
@@ -72,8 +78,8 @@ class CaptionModule(ConfiguredOptimizers, L.LightningModule):
 
     def training_step(self, batch, batch_idx: int):
         loss = self._loss(batch, self.hparams.label_smoothing)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss.item()} at global step {self.global_step}")
+        if not self.loss_is_finite(loss, batch_idx):
+            return loss  # nonfinite=skip: every rank drops this step's gradients before the update
         self.train_loss(loss)
         self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
         return loss
@@ -98,9 +104,11 @@ class CaptionModule(ConfiguredOptimizers, L.LightningModule):
             return None
         values = scores.compute()  # synced over ranks: the whole corpus, scored once on each
         scores.reset()
+        self.predictions = _gather(self.predictions)  # the same rows the scores saw, every rank's
+        # how many captions were scored: the eval shards are not padded, so each image once
+        self.log(f"{prefix}/num_images", float(len(self.predictions)), sync_dist=False)
         self.log_dict({f"{prefix}/{k}": values[k].float() for k in SCORE_KEYS}, prog_bar=prefix == "val",
                       sync_dist=False)
-        self.predictions = _gather(self.predictions)
         return values
 
     def on_validation_epoch_start(self) -> None:
@@ -131,10 +139,12 @@ class CaptionModule(ConfiguredOptimizers, L.LightningModule):
         return [{"image_id": int(i), "caption": c} for i, c in zip(batch["image_ids"].tolist(),
                                                                    self.caption(batch["images"]))]
 
-    def write_predictions(self, path: str | Path) -> Path:
+    def write_predictions(self, path: str | Path) -> Path | None:
         """Write the last validation/test epoch's captions as COCO results JSON
-        (``[{"image_id", "caption"}, ...]``, sorted by image id, every rank's included; the
-        repeats a DistributedSampler pads with appear once)."""
+        (``[{"image_id", "caption"}, ...]``, sorted by image id, every rank's included). Only
+        global rank zero writes (the rows were gathered to every rank); others return None."""
+        if self._trainer is not None and not self.trainer.is_global_zero:
+            return None
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         captions = {p["image_id"]: p["caption"] for p in self.predictions}
@@ -149,10 +159,9 @@ class CaptionModule(ConfiguredOptimizers, L.LightningModule):
         log.info("%s samples (epoch %d):\n%s", prefix, self.current_epoch,
                  "\n".join(f"  {i}: {c!r}  (ref: {r!r})" for i, c, r in rows))
         for lg in self.loggers:
-            kind = type(lg).__name__
-            if kind == "WandbLogger":
+            if isinstance(lg, WandbLogger):
                 lg.log_table(key=f"{prefix}/samples", columns=["image_id", "caption", "reference"], data=rows)
-            elif kind == "TensorBoardLogger":
+            elif isinstance(lg, TensorBoardLogger):
                 text = "\n\n".join(f"**{i}**: {c}  \n_ref_: {r}" for i, c, r in rows)
                 lg.experiment.add_text(f"{prefix}/samples", text, global_step=self.global_step)
 

@@ -3,6 +3,10 @@
 It receives a built ``net`` and partial optimizer/scheduler from the config (lightning-hydra-
 template style) and owns loss, metrics, mixup/cutmix and EMA; the model owns its architecture and
 its weight-decay exclusions.
+
+One network is trained: ``self.net`` (checkpoint keys ``net.*``). With ``ema_decay`` the module
+also keeps ``self.ema`` (timm ``ModelEmaV3``, keys ``ema.module.*``), an averaged copy of its
+weights. ``eval_net`` names the network validation and test run: the EMA copy when there is one.
 """
 
 from __future__ import annotations
@@ -15,14 +19,13 @@ from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from vitpipe.lit.nonfinite import NonFiniteGuard, NonFiniteLossError, check_policy
 from vitpipe.lit.optim import ConfiguredOptimizers
 
-
-class NonFiniteLossError(FloatingPointError):
-    """The training loss became NaN or inf."""
+__all__ = ["ImageClassifier", "NonFiniteLossError"]
 
 
-class ImageClassifier(ConfiguredOptimizers, L.LightningModule):
+class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
     """Cross-entropy classification with top-1/top-5 accuracy per split.
 
     Args:
@@ -33,18 +36,18 @@ class ImageClassifier(ConfiguredOptimizers, L.LightningModule):
         label_smoothing: Szegedy et al. 2016; passed to timm's Mixup when mixup is on.
         mixup: kwargs of ``timm.data.Mixup`` (mixup_alpha, cutmix_alpha, ...), or None.
         ema_decay: keep an EMA of the weights (timm ModelEmaV3) and validate/test with it.
-        compile: ``torch.compile`` the network for training. The compiled wrapper is not a
-            submodule, so checkpoints hold plain ``net.*`` keys (no ``_orig_mod.``).
-        nonfinite: what a NaN/inf loss does: ``"error"`` stops the run naming the step,
-            ``"skip"`` drops that batch (no optimizer step) and counts it in ``train/skipped``.
+        compile: ``torch.compile`` the network in place (``nn.Module.compile``) when a Trainer
+            starts: the module tree is unchanged, so checkpoints hold plain ``net.*`` keys.
+        nonfinite: what a NaN/inf loss does (``vitpipe.lit.nonfinite``): ``"error"`` stops the run
+            naming the step, ``"skip"`` drops that optimizer step on every rank and counts it in
+            ``train/skipped_batches``.
     """
 
     def __init__(self, net: nn.Module, optimizer, scheduler=None, *, warmup_fraction: float = 0.05,
                  label_smoothing: float = 0.0, mixup: dict | None = None, ema_decay: float | None = None,
                  compile: bool = False, nonfinite: str = "error") -> None:
         super().__init__()
-        if nonfinite not in ("error", "skip"):
-            raise ValueError(f"module.nonfinite={nonfinite!r}; valid choices: error, skip")
+        check_policy(nonfinite)
         self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"], logger=False)
         self.net = net
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
@@ -58,9 +61,7 @@ class ImageClassifier(ConfiguredOptimizers, L.LightningModule):
         if ema_decay:
             from timm.utils import ModelEmaV3
 
-            self.ema = ModelEmaV3(net, decay=ema_decay)
-        # kept out of the module tree (``__dict__``) so state_dict keys stay ``net.*``
-        self.__dict__["train_net"] = torch.compile(net) if compile else net
+            self.ema = ModelEmaV3(net, decay=ema_decay)  # a deep copy, made before any compile
         self.skipped_batches = 0
 
         def accuracies():
@@ -75,8 +76,16 @@ class ImageClassifier(ConfiguredOptimizers, L.LightningModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
-    def _eval_net(self) -> nn.Module:
+    @property
+    def eval_net(self) -> nn.Module:
+        """The network validation and test run: the EMA copy when one is kept, else ``net``."""
         return self.ema.module if self.ema is not None else self.net
+
+    def configure_model(self) -> None:
+        # here rather than in __init__: only a run compiles (a module built for inspection or
+        # export never pays for it), and the EMA copy above stays an uncompiled plain module
+        if self.hparams.compile and getattr(self.net, "_compiled_call_impl", None) is None:
+            self.net.compile()
 
     def on_train_start(self) -> None:
         self.val_acc_best.reset()  # sanity-check steps must not count
@@ -85,22 +94,15 @@ class ImageClassifier(ConfiguredOptimizers, L.LightningModule):
         x, y = batch
         if self.mixup is not None and x.shape[0] % 2 == 0:  # timm's Mixup needs an even batch
             x, soft = self.mixup(x, y)
-            logits = self.train_net(x)
+            logits = self.net(x)
             loss = torch.sum(-soft * F.log_softmax(logits, dim=-1), dim=-1).mean()
         else:
-            logits = self.train_net(x)
+            logits = self.net(x)
             loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
             self.train_acc(logits, y)
             self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
-        if not torch.isfinite(loss):
-            if self.hparams.nonfinite == "skip":
-                self.skipped_batches += 1
-                self.log("train/skipped", float(self.skipped_batches))
-                return None  # Lightning skips backward and the optimizer step for this batch
-            raise NonFiniteLossError(
-                f"loss is {loss.item()} at global step {self.global_step} (epoch {self.current_epoch}, batch "
-                f"{batch_idx}); lower module.optimizer.lr, or set module.nonfinite=skip to drop such batches"
-            )
+        if not self.loss_is_finite(loss, batch_idx):
+            return loss  # nonfinite=skip: every rank drops this step's gradients before the update
         self.train_loss(loss)
         self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
         return loss
@@ -111,7 +113,7 @@ class ImageClassifier(ConfiguredOptimizers, L.LightningModule):
 
     def _eval_step(self, batch, loss_metric, metrics, prefix: str) -> None:
         x, y = batch
-        logits = self._eval_net()(x)
+        logits = self.eval_net(x)
         loss_metric(F.cross_entropy(logits, y))
         metrics.update(logits, y)
         self.log(f"{prefix}/loss", loss_metric, on_step=False, on_epoch=True, prog_bar=prefix == "val")

@@ -9,7 +9,9 @@ their lengths, so torchmetrics' own all-gather syncs them across ranks (ragged s
 and every rank scores the same full corpus. We chose bytes over token ids so the metric does
 not depend on a vocabulary, and over ``all_gather_object`` so ``merge_state``, ``forward`` and
 ``sync`` all work through the standard state machinery. Note: a ``DistributedSampler`` pads the
-last batch by repeating samples; those repeats are scored (as in any torchmetrics metric).
+last batch by repeating samples and those repeats would be scored (as in any torchmetrics metric);
+vitpipe's caption data modules shard evaluation without padding (``ShardedSampler``), so each image
+is scored once.
 
 Text is normalised as coco-caption does before scoring (its PTBTokenizer lowercases and drops
 punctuation); we do it in Python with ``split_words`` minus punctuation tokens, so no Java is

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from vitpipe.data.sampler import ShardedSampler
 from vitpipe.errors import ConfigError
 from vitpipe.text.tokenizer import WordTokenizer
 
@@ -117,8 +118,15 @@ class CaptionDataModule(L.LightningDataModule):
 
     def _loader(self, split: str) -> DataLoader:
         train = split == "train"
+        sampler = None
+        if not train:
+            # Each rank captions its own unpadded shard, so every image is scored exactly once; the
+            # DistributedSampler Lightning would inject pads the shards by repeating images.
+            world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+            sampler = ShardedSampler(len(self._dataset(split)), num_replicas=world, rank=rank, shuffle=False,
+                                     pad=False)
         return DataLoader(self._dataset(split), batch_size=self.batch_size if train else self.eval_batch_size,
-                          shuffle=train, drop_last=False, num_workers=self.num_workers,
+                          shuffle=train, sampler=sampler, drop_last=False, num_workers=self.num_workers,
                           collate_fn=CaptionCollate(self.tokenizer, self.max_len), pin_memory=self.pin_memory,
                           persistent_workers=self.num_workers > 0)
 
