@@ -7,13 +7,5 @@ from vitpipe.data.fashion_mnist import FashionMNISTDataModule
 from vitpipe.data.imagefolder import ImageFolderDataModule
 from vitpipe.data.synthetic import SyntheticDataModule
 
-__all__ = [
-    "ClassificationDataModule",
-    "DatasetInfo",
-    "CIFAR10DataModule",
-    "CIFAR100DataModule",
-    "DigitsDataModule",
-    "FashionMNISTDataModule",
-    "ImageFolderDataModule",
-    "SyntheticDataModule",
-]
+__all__ = ["ClassificationDataModule", "DatasetInfo", "CIFAR10DataModule", "CIFAR100DataModule", "DigitsDataModule",
+           "FashionMNISTDataModule", "ImageFolderDataModule", "SyntheticDataModule"]  # fmt: skip

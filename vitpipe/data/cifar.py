@@ -28,22 +28,20 @@ class _CIFARDataModule(ClassificationDataModule):
 
     def __init__(self, *, info: DatasetInfo, **kwargs):
         super().__init__(info=info, **kwargs)
+        folder = self.dataset_class.base_folder
         if self.root is None:
-            raise ConfigError(f"data.root is required for {info.name} (the directory holding {self._folder()})")
-
-    def _folder(self) -> str:
-        return self.dataset_class.base_folder
+            raise ConfigError(f"data.root is required for {info.name} (the directory holding {folder})")
+        self.folder = os.path.join(self.root, folder)
 
     def check(self) -> None:
         if self.download:
             return
         cls = self.dataset_class
         names = [name for name, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
-        folder = os.path.join(self.root, cls.base_folder)
-        missing = [n for n in names if not os.path.isfile(os.path.join(folder, n))]
+        missing = [n for n in names if not os.path.isfile(os.path.join(self.folder, n))]
         if missing:
             raise ConfigError(
-                f"{self.info.name} not found: {folder} lacks {', '.join(missing)}. Put the extracted python "
+                f"{self.info.name} not found: {self.folder} lacks {', '.join(missing)}. Put the extracted python "
                 f"version there ({cls.url}) or set data.download=true"
             )
 
@@ -53,7 +51,7 @@ class _CIFARDataModule(ClassificationDataModule):
         except Exception as err:  # offline: URLError, timeouts; a bad archive: RuntimeError
             raise ConfigError(
                 f"downloading {self.info.name} into {self.root} failed ({err}); "
-                f"put the files in {os.path.join(self.root, self._folder())} by hand"
+                f"put the files in {self.folder} by hand"
             ) from err
 
     def _load(self, split: str):
@@ -63,7 +61,7 @@ class _CIFARDataModule(ClassificationDataModule):
             ds = self.dataset_class(self.root, train=split == "train", download=False)
         except RuntimeError as err:  # torchvision's md5 check: present but corrupted or partial
             raise ConfigError(
-                f"{self.info.name} files under {os.path.join(self.root, self._folder())} are corrupted ({err}); "
+                f"{self.info.name} files under {self.folder} are corrupted ({err}); "
                 "delete them and set data.download=true, or replace them by hand"
             ) from err
         self.class_names = list(ds.classes)

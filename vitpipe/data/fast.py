@@ -22,8 +22,8 @@ class TensorImageDataset(Dataset):
     """A split held as ``images`` uint8 (N, C, H, W) and ``labels`` int64 (N,).
 
     ``__getitems__`` returns a whole batch ``(x (B, C, H, W) uint8, y (B,) int64)``; torch's
-    DataLoader calls it with the sampler's indices, so Lightning's DistributedSampler shards
-    it like any map-style data set. Pair it with ``collate_fn=identity_collate``.
+    DataLoader calls it with the sampler's indices, so ShardedSampler (vitpipe.data.sampler)
+    shards it like any map-style data set. Pair it with ``collate_fn=identity_collate``.
     """
 
     def __init__(self, images: Tensor, labels: Tensor):

@@ -6,7 +6,8 @@ Nothing to learn here (labels are independent of pixels); deterministic from ``s
 import numpy as np
 import torch
 
-from vitpipe.data.base import ClassificationDataModule, DatasetInfo, to_hw
+from vitpipe.data.base import ClassificationDataModule, DatasetInfo
+from vitpipe.data.checks import check_int, to_hw
 from vitpipe.data.fast import TensorImageDataset
 from vitpipe.errors import ConfigError
 
@@ -30,9 +31,7 @@ class SyntheticDataModule(ClassificationDataModule):
     ):
         if channels not in (1, 3):
             raise ConfigError(f"data.channels={channels!r}: synthetic images have 1 or 3 channels")
-        for name, value in (("length", length), ("test_length", test_length)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"data.{name}={value!r}: expected a positive int")
+        check_int(length, "data.length"), check_int(test_length, "data.test_length")
         info = DatasetInfo(
             name="synthetic",
             num_classes=num_classes,

@@ -11,7 +11,23 @@ from collections.abc import Sequence
 import torch
 from timm.data.auto_augment import rand_augment_transform
 from timm.data.constants import DEFAULT_CROP_PCT
+from torch import Tensor
+from torch.utils.data import Dataset
 from torchvision.transforms import v2
+
+
+class TransformedSubset(Dataset):
+    """``base[indices[i]]`` through a per-image transform: one loaded data set serves train and val."""
+
+    def __init__(self, base: Dataset, indices: Tensor | None, transform):
+        self.base, self.indices, self.transform = base, indices, transform
+
+    def __len__(self) -> int:
+        return len(self.base) if self.indices is None else len(self.indices)
+
+    def __getitem__(self, i: int):
+        image, label = self.base[i if self.indices is None else int(self.indices[i])]
+        return self.transform(image), int(label)
 
 
 def standard_transform(
