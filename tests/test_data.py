@@ -18,7 +18,6 @@ from omegaconf import OmegaConf
 from hydra.utils import instantiate
 from PIL import Image
 from sklearn.datasets import load_digits
-from torch.utils.data import DistributedSampler
 
 from vitpipe.data import (
     CIFAR10DataModule,
@@ -33,6 +32,12 @@ from vitpipe.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "data"
 DEBIAN_FMNIST = "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.fixture(autouse=True)
+def decode_cache(tmp_path, monkeypatch):
+    """Image folders remember decoded files under $XDG_CACHE_HOME: keep that out of the home directory."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
 def digits(**overrides) -> DigitsDataModule:
@@ -383,21 +388,16 @@ def test_imagefolder_without_test_split_falls_back_to_val(image_root):
 # ---- the fast path ---------------------------------------------------------------------
 
 
-def test_fast_path_shards_disjointly_under_distributed_sampler():
-    from lightning.pytorch.trainer.states import RunningStage
-    from lightning.pytorch.utilities.data import _update_dataloader
-
+def test_fast_path_loader_shards_disjointly_over_ranks():
     dm = synthetic(batch_size=16)
     dm.setup("fit")
     row_to_index = {hashlib.sha1(img.numpy().tobytes()).hexdigest(): i for i, img in enumerate(dm.data_train.images)}
     assert len(row_to_index) == 80
     shards = []
     for rank in range(2):
-        sampler = DistributedSampler(dm.data_train, num_replicas=2, rank=rank, shuffle=True, seed=0)
-        # What Lightning does to the user's loader under DDP: same loader, distributed sampler.
-        loader = _update_dataloader(dm.train_dataloader(), sampler, mode=RunningStage.TRAINING)
+        dm.trainer = SimpleNamespace(world_size=2, global_rank=rank)  # what the module's loaders read under DDP
         seen = []
-        for x, y in loader:
+        for x, y in dm.train_dataloader():
             assert x.dtype == torch.uint8 and x.shape[1:] == (3, 32, 32)
             seen += [row_to_index[hashlib.sha1(img.numpy().tobytes()).hexdigest()] for img in x]
         shards.append(seen)

@@ -1,0 +1,95 @@
+"""Image files: 8-bit pixels out of anything PIL reads, and a full-decode check of many files.
+
+``open_image`` scales 16-bit grayscale (PIL mode ``I;16``, e.g. 16-bit PNGs) by its bit depth;
+PIL's own ``convert("RGB")`` clips it, so every such image would load as all-white.
+``find_bad_images`` decodes every file (headers alone miss a truncated JPEG) in a thread pool and
+remembers the files that decoded, by path + mtime + size, so a second run decodes only new files.
+"""
+
+import hashlib
+import json
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+PROGRESS_MIN_FILES = 1000  # fewer files decode in seconds: no progress bar
+
+
+def open_image(path, mode: str = "RGB") -> Image.Image:
+    """The image at ``path`` fully decoded as 8-bit ``mode`` ("RGB" or "L").
+
+    Raises OSError/ValueError for a file that is not a readable image, naming why.
+    """
+    with Image.open(path) as im:
+        # PNG stores at most 16 bits a sample; older Pillows open 16-bit gray PNGs as mode I
+        if im.mode in SIXTEEN_BIT_MODES or (im.mode == "I" and im.format == "PNG"):
+            pixels = np.clip(np.asarray(im, dtype=np.int64), 0, 65535) >> 8  # 16 -> 8 bits
+            return Image.fromarray(pixels.astype(np.uint8), "L").convert(mode)
+        if im.mode in ("I", "F"):
+            raise ValueError(f"{im.mode} ({'32-bit int' if im.mode == 'I' else 'float'}) pixels have no known "
+                             "range; save the image with 8 or 16 bits")  # fmt: skip
+        return im.convert(mode)
+
+
+def _decode_error(path: str) -> str | None:
+    """Why the file at ``path`` does not decode, or None if it does."""
+    try:
+        if os.path.getsize(path) == 0:
+            return "empty file"
+        open_image(path)
+    except Exception as err:  # PIL raises many types for broken files
+        return (str(err).splitlines() or [type(err).__name__])[0]
+    return None
+
+
+def find_bad_images(paths: list[str], *, folder: str) -> dict[str, str]:
+    """``{path: why}`` for the files that do not decode, in the order given.
+
+    Decodes in threads (PIL releases the GIL while decoding); files that decoded before with the
+    same mtime and size are not decoded again (cache: one JSON file per ``folder``).
+    """
+    cache = _cache_file(folder)
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    stamps = {p: _stamp(p) for p in paths}
+    todo = [p for p in paths if stamps[p] is None or known.get(p) != stamps[p]]
+    bar = dict(total=len(todo), desc=f"decoding images in {folder}", unit="img",
+               disable=len(todo) < PROGRESS_MIN_FILES)  # fmt: skip
+    with ThreadPoolExecutor() as pool:
+        errors = list(tqdm(pool.map(_decode_error, todo), **bar))
+    bad = {p: why for p, why in zip(todo, errors) if why is not None}
+    if todo:
+        _write_atomic(cache, {p: s for p, s in stamps.items() if p not in bad and s is not None})
+    return {p: bad[p] for p in paths if p in bad}
+
+
+def _stamp(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_mtime_ns, st.st_size]
+
+
+def _cache_file(folder: str) -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vitpipe" / "decoded-images"
+    return base / (hashlib.sha1(os.path.abspath(folder).encode()).hexdigest()[:16] + ".json")
+
+
+def _write_atomic(path: Path, data: dict) -> None:
+    """Best effort: a cache that cannot be written (read-only home) only costs the next run time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".tmp-", delete=False) as f:
+            json.dump(data, f)
+        os.replace(f.name, path)  # concurrent ranks never read half a file
+    except OSError:
+        pass
