@@ -2,7 +2,7 @@
 
 The attention comes from ``forward_features(x, return_attn=True)`` on the callback's own forward
 pass, in eval mode: training steps keep the fused SDPA kernel (no hooks, no global switch; hooks on
-an attention module record nothing once SDPA is on, STYLE.md 5).
+an attention module record nothing once SDPA is on).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch import Tensor
 
 from vitpipe.errors import ConfigError
 from vitpipe.viz.overlay import overlay_grid, save_figure, unnormalize
-from vitpipe.viz.rollout import FUSIONS, _eval_mode, rollout_for_model
+from vitpipe.viz.rollout import _eval_mode, check_rollout_options, rollout_for_model
 
 
 class RolloutCallback(L.Callback):
@@ -46,10 +46,7 @@ class RolloutCallback(L.Callback):
             raise ConfigError(f"callbacks.rollout.every_n_epochs={every_n_epochs!r}: use an int >= 1")
         if not isinstance(num_images, int) or num_images < 1:
             raise ConfigError(f"callbacks.rollout.num_images={num_images!r}: use an int >= 1")
-        if head_fusion not in FUSIONS:
-            raise ConfigError(f"callbacks.rollout.head_fusion={head_fusion!r}: choose one of {list(FUSIONS)}")
-        if not 0.0 <= discard_ratio < 1.0:
-            raise ConfigError(f"callbacks.rollout.discard_ratio={discard_ratio!r}: use a number in [0, 1)")
+        check_rollout_options(head_fusion=head_fusion, discard_ratio=discard_ratio)  # now, not after epoch 0
         self.every_n_epochs, self.num_images = every_n_epochs, num_images
         self.head_fusion, self.discard_ratio = head_fusion, discard_ratio
         self.dirpath = dirpath

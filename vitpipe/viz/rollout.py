@@ -54,8 +54,11 @@ def _check_choice(name: str, value, choices: Sequence[str]) -> None:
         raise ConfigError(f"{name}={value!r} is not valid; choose one of {list(choices)}")
 
 
-def _check_discard_ratio(discard_ratio: float) -> None:
-    if not isinstance(discard_ratio, (int, float)) or not 0.0 <= discard_ratio < 1.0:
+def check_rollout_options(*, head_fusion: str = "mean", discard_ratio: float = 0.0) -> None:
+    """The one rule for the rollout options, applied where they enter: the functions below, and
+    ahead of any data by ``visualize`` and ``RolloutCallback``."""
+    _check_choice("head_fusion", head_fusion, FUSIONS)
+    if isinstance(discard_ratio, bool) or not isinstance(discard_ratio, (int, float)) or not 0 <= discard_ratio < 1:
         raise ConfigError(f"discard_ratio={discard_ratio!r} is not valid; use a number in [0, 1)")
 
 
@@ -182,8 +185,7 @@ def attention_rollout(
         for mean-pooled models); None picks "cls" when num_prefix_tokens >= 1.
     Returns (B, h, w) float.
     """
-    _check_choice("head_fusion", head_fusion, FUSIONS)
-    _check_discard_ratio(discard_ratio)
+    check_rollout_options(head_fusion=head_fusion, discard_ratio=discard_ratio)
     _, _, n = _check_attentions(attentions, num_prefix_tokens)
     query = _resolve_query(query, num_prefix_tokens)
     h, w = _resolve_grid(n - num_prefix_tokens, grid_size)
@@ -242,7 +244,7 @@ def cross_attention_maps(
     layer_fusion: "mean" | "max" | "min" | "last", or a layer index.
     Returns (B, T, h, w).
     """
-    _check_choice("head_fusion", head_fusion, FUSIONS)
+    check_rollout_options(head_fusion=head_fusion)
     if not isinstance(layer_fusion, int):
         _check_choice("layer_fusion", layer_fusion, (*FUSIONS, "last"))
     if not isinstance(cross_attn, Tensor):
@@ -360,7 +362,7 @@ def gradient_rollout(
     is computed (no ``.grad`` is written). num_prefix_tokens, grid_size and
     query come from the model unless given, as in ``rollout_for_model``.
     """
-    _check_discard_ratio(discard_ratio)
+    check_rollout_options(discard_ratio=discard_ratio)
     prefix, grid, query = _model_readout(model, x, num_prefix_tokens, grid_size, query)
     with torch.enable_grad(), _eval_mode(model):
         x = x.detach().requires_grad_(True)

@@ -31,9 +31,9 @@ from vitpipe.data.fast import to_model_input
 from vitpipe.errors import ConfigError
 from vitpipe.viz.overlay import overlay, overlay_grid, save_figure, to_numpy_image, unnormalize
 from vitpipe.viz.rollout import (
-    FUSIONS,
     attention_maps,
     attention_rollout,
+    check_rollout_options,
     cross_attention_maps,
     gradient_rollout,
 )
@@ -60,11 +60,7 @@ def check_options(cfg: DictConfig) -> None:
     """Everything checkable before the checkpoint loads."""
     if cfg.method not in METHODS:
         raise ConfigError(f"method={cfg.method!r} is not valid; choose one of {list(METHODS)}")
-    if cfg.head_fusion not in FUSIONS:
-        raise ConfigError(f"head_fusion={cfg.head_fusion!r} is not valid; choose one of {list(FUSIONS)}")
-    ratio = cfg.discard_ratio
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio < 1.0:
-        raise ConfigError(f"discard_ratio={ratio!r} is not valid; use a number in [0, 1)")
+    check_rollout_options(head_fusion=cfg.head_fusion, discard_ratio=cfg.discard_ratio)
     for key in ("num_images", "max_words"):
         n = cfg.get(key)
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
