@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
@@ -74,7 +75,7 @@ def print_summary(cfg: DictConfig, metrics: dict, trainer: L.Trainer) -> None:
 def finish_loggers(loggers: list) -> None:
     """Close wandb runs (so a sweep's next job starts a new run) and flush the others."""
     for lg in loggers:
-        if type(lg).__name__ == "WandbLogger":
+        if isinstance(lg, WandbLogger):
             import wandb
 
             if wandb.run is not None:

@@ -12,7 +12,9 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor
 
 from vitpipe.errors import ConfigError
@@ -83,10 +85,9 @@ class RolloutCallback(L.Callback):
         pixels = _figure_pixels(fig)  # (H, W, 3) uint8
         epoch, step = trainer.current_epoch, trainer.global_step
         for logger in trainer.loggers:
-            kind = type(logger).__name__
-            if kind == "WandbLogger":
+            if isinstance(logger, WandbLogger):
                 logger.log_image(key="val/rollout", images=[pixels], step=step, caption=[f"epoch {epoch}"])
-            elif kind == "TensorBoardLogger":
+            elif isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_image("val/rollout", pixels, global_step=step, dataformats="HWC")
         root = Path(self.dirpath) if self.dirpath else Path(trainer.default_root_dir) / "rollout"
         save_figure(fig, root / f"epoch_{epoch:03d}.png")
@@ -111,7 +112,7 @@ class RolloutCallback(L.Callback):
         mean = self.mean if self.mean is not None else getattr(dm, "mean", None)
         std = self.std if self.std is not None else getattr(dm, "std", None)
         if mean is None or std is None:  # the caption data sets normalise with ImageNet statistics
-            mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+            mean, std = IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
         # grayscale data fed to an RGB model arrives repeated to 3 channels: show the first
         return unnormalize(self.images[:, : len(mean)], mean, std)
 
