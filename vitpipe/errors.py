@@ -8,3 +8,7 @@ wall for a config mistake.
 
 class ConfigError(ValueError):
     """A bad config value or input; the message names the value and what would be valid."""
+
+
+class ExportCheckError(RuntimeError):
+    """An exported model (timm folder, ONNX file) does not compute what the checkpoint's network computes."""

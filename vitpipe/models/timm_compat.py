@@ -1,4 +1,4 @@
-"""timm <-> vitpipe: build from a timm ``VisionTransformer``, load timm or file weights.
+"""timm <-> vitpipe: build from a timm ``VisionTransformer`` (and back, ``to_timm``), load timm or file weights.
 
 Block and head parameter names are timm's, so conversion is one rename (``pos_embed`` ->
 ``pos_embed.weight``) plus the adaptations any checkpoint move needs: positions resampled to
@@ -16,7 +16,16 @@ from torch import Tensor, nn
 
 from vitpipe.errors import ConfigError
 from vitpipe.models.vit import ViT
-from vitpipe.nn.pos_embed import LearnedPosEmbed, resample_grid
+from vitpipe.nn.patch_embed import PatchEmbed
+from vitpipe.nn.pos_embed import (
+    Learned2DPosEmbed,
+    LearnedPosEmbed,
+    NoPosEmbed,
+    RoPE2D,
+    SinCos1DPosEmbed,
+    SinCos2DPosEmbed,
+    resample_grid,
+)
 
 log = logging.getLogger(__name__)
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
@@ -87,6 +96,52 @@ def vitpipe_to_timm(sd: dict[str, Tensor]) -> dict[str, Tensor]:
     if "pos_embed.weight" in sd:
         sd["pos_embed"] = sd.pop("pos_embed.weight")
     return sd
+
+
+def timm_kwargs(model: ViT) -> dict:
+    """``VisionTransformer`` kwargs computing what ``model`` computes; ConfigError naming a part timm
+    cannot express. Fixed sin-cos tables become timm's position table holding the fixed values
+    (``no_embed_class``: prefix tokens get no position, as in vitpipe)."""
+    from timm.layers import LayerScale
+
+    parts = []
+    if not isinstance(model, ViT):
+        parts.append(f"the network type {type(model).__name__} (only vitpipe's ViT maps to timm)")
+    else:
+        if isinstance(model.pos_embed, RoPE2D):
+            parts.append("rope2d positions (rotary q/k)")
+        if isinstance(model.pos_embed, Learned2DPosEmbed):
+            parts.append("learned2d positions (a row table plus a column table)")
+        if type(model.patch_embed) is not PatchEmbed:
+            parts.append("the conv stem (stem=conv)")
+        if not isinstance(model.blocks[0].attn.q_norm, nn.Identity):
+            parts.append("qk_norm (its LayerNorm eps is 1e-5; timm's is 1e-6)")
+    if parts:
+        raise ConfigError(f"timm's VisionTransformer cannot express {', '.join(parts)}; export with format=onnx")
+    blk = model.blocks[0]
+    fixed = isinstance(model.pos_embed, (SinCos1DPosEmbed, SinCos2DPosEmbed))
+    return dict(
+        img_size=tuple(model.img_size), patch_size=tuple(model.patch_size), in_chans=model.in_chans,
+        num_classes=model.num_classes, embed_dim=model.dim, depth=len(model.blocks), num_heads=blk.attn.num_heads,
+        mlp_ratio=blk.mlp.fc1.out_features / model.dim, qkv_bias=blk.attn.qkv.bias is not None,
+        init_values=1.0 if isinstance(blk.ls1, LayerScale) else None,  # the scales themselves are loaded
+        class_token=model.class_token, reg_tokens=model.num_prefix_tokens - int(model.class_token),
+        global_pool="token" if model.pool == "cls" else "avg",
+        pos_embed="none" if isinstance(model.pos_embed, NoPosEmbed) else "learn", no_embed_class=fixed,
+    )
+
+
+def to_timm(model: ViT, arch: str = "vit_base_patch16_224") -> nn.Module:
+    """A timm ``VisionTransformer`` (built through ``timm.create_model(arch, **timm_kwargs(model))``,
+    so timm records its arguments) with ``model``'s weights: the inverse of ``from_timm``."""
+    import timm
+
+    tm = timm.create_model(arch, pretrained=False, **timm_kwargs(model))
+    sd = vitpipe_to_timm(model.state_dict())
+    if isinstance(model.pos_embed, (SinCos1DPosEmbed, SinCos2DPosEmbed)):
+        sd["pos_embed"] = model.pos_embed.table.detach().clone()  # (1, h*w, dim): the table it is
+    tm.load_state_dict(sd)
+    return tm.train(model.training)
 
 
 def read_state_dict(path: str | Path) -> dict[str, Tensor]:

@@ -1,0 +1,205 @@
+"""scripts/predict.py: image files of any size and mode -> labels the checkpoint's own eval path gives."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import tiny_checkpoints as tc
+from conftest import make_cfg
+from vitpipe.checkpoint import load_checkpoint, rebuild
+from vitpipe.errors import ConfigError
+from vitpipe.predict import predict
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGITS_MEAN, DIGITS_STD = 0.3053, 0.3759
+
+
+@pytest.fixture(scope="session")
+def ckpts(tmp_path_factory):
+    base = tmp_path_factory.mktemp("ckpts")
+    return lambda kind: tc.checkpoint(kind, base)
+
+
+def run_predict(tmp_path: Path, ckpt, images, *overrides: str, out: str = "preds.csv") -> Path:
+    cfg = make_cfg(tmp_path, [f"ckpt_path={ckpt}", f"images={images}", f"out={tmp_path / out}", *overrides],
+                   config_name="predict")
+    return predict(cfg)
+
+
+def read_csv(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def mixed_folder(folder: Path) -> dict[str, np.ndarray]:
+    """Images of five modes and sizes, a corrupt JPEG and a text file; returns each image's 8-bit gray
+    content (what the checkpoint's L-mode data sees), computed here without vitpipe."""
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    rgb = rng.integers(0, 255, (23, 17, 3), dtype=np.uint8)
+    gray = rng.integers(0, 255, (8, 8), dtype=np.uint8)
+    rgba = rng.integers(0, 255, (12, 30, 4), dtype=np.uint8)
+    pal = Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).convert("P")
+    g16 = rng.integers(0, 256, (16, 9)).astype(np.uint16) * 257  # exactly 8-bit values, stored as 16 bits
+    Image.fromarray(rgb).save(folder / "rgb.jpg", quality=95)
+    Image.fromarray(gray).save(folder / "gray.png")
+    Image.fromarray(rgba, "RGBA").save(folder / "rgba.png")
+    pal.save(folder / "palette.png")
+    Image.fromarray(g16).save(folder / "deep16.png")
+    assert Image.open(folder / "deep16.png").mode == "I;16"
+    (folder / "broken.jpg").write_bytes((folder / "rgb.jpg").read_bytes()[:200])  # truncated
+    (folder / "notes.txt").write_text("not an image")
+    return {
+        "rgb.jpg": np.asarray(Image.open(folder / "rgb.jpg").convert("L")),
+        "gray.png": gray,
+        "rgba.png": np.asarray(Image.fromarray(rgba, "RGBA").convert("L")),
+        "palette.png": np.asarray(pal.convert("L")),
+        "deep16.png": (g16 // 257).astype(np.uint8),
+    }
+
+
+@torch.no_grad()
+def reference_labels(net, contents: dict[str, np.ndarray], in_chans: int) -> dict[str, tuple[int, np.ndarray]]:
+    """Label and probabilities of each image by hand: PIL bilinear squash to the 8x8 data size, /255,
+    digits statistics, gray repeated to the model's channels; then the network."""
+    out = {}
+    for name, pixels in contents.items():
+        small = np.asarray(Image.fromarray(pixels).resize((8, 8), Image.Resampling.BILINEAR), dtype=np.float32)
+        x = torch.from_numpy((small / 255 - DIGITS_MEAN) / DIGITS_STD)[None, None].expand(1, in_chans, 8, 8)
+        probs = net(x).softmax(-1)[0]
+        out[name] = (int(probs.argmax()), probs.numpy())
+    return out
+
+
+def test_digit_files_reproduce_the_eval_forward_pass(ckpts, tmp_path):
+    """Test-split digits written as PNGs at their native size: predict's labels and probabilities are
+    those of the network on the data module's own eval tensors (the run's test path)."""
+    path = ckpts("sincos2d_rgb")  # gray data, RGB model: the 1 -> 3 channel step is exercised too
+    run = rebuild(load_checkpoint(path), path)
+    dm = run.datamodule
+    dm.setup("test")
+    x, y = next(iter(dm.test_dataloader()))  # uint8 (B, 1, 8, 8) on the fast path
+    with torch.no_grad():
+        probs = run.net(dm.augment_batch(x, train=False)).softmax(-1)
+    folder = tmp_path / "digits"
+    folder.mkdir()
+    for i, img in enumerate(x[:, 0].numpy()):
+        Image.fromarray(img).save(folder / f"{i:03d}.png")
+    rows = read_csv(run_predict(tmp_path, path, folder, "topk=3", "batch_size=5"))
+    assert len(rows) == len(x)
+    assert [r["label"] for r in rows] == [run.class_names[i] for i in probs.argmax(-1).tolist()]
+    assert len(set(r["label"] for r in rows)) > 1  # random weights: not one answer for everything
+    got = torch.tensor([float(r["prob"]) for r in rows])
+    assert (got - probs.max(-1).values).abs().max() < 1e-5
+    assert list(rows[0]) == ["path", "label", "prob", "top2_label", "top2_prob", "top3_label", "top3_prob"]
+
+
+def test_mixed_modes_and_sizes_corrupt_file_skipped(ckpts, tmp_path, capsys):
+    """RGB JPEG, L, RGBA, palette and 16-bit PNGs of several sizes: one row each, labels as computed by
+    hand; the truncated JPEG is named and skipped, the text file ignored, both counted."""
+    path = ckpts("sincos2d")
+    contents = mixed_folder(tmp_path / "mixed")
+    out = run_predict(tmp_path, path, tmp_path / "mixed", "topk=10", out="preds.json")
+    rows = json.loads(out.read_text())
+    err = capsys.readouterr().err
+    assert sorted(Path(r["path"]).name for r in rows) == sorted(contents)
+    assert "broken.jpg" in err and "skipped" in err
+    run = rebuild(load_checkpoint(path), path)
+    ref = reference_labels(run.net, contents, in_chans=1)
+    for r in rows:
+        label, probs = ref[Path(r["path"]).name]
+        assert r["label"] == run.class_names[label], r["path"]
+        assert abs(r["prob"] - probs.max()) < 1e-5
+        assert [r["label"]] + [r[f"top{k}_label"] for k in range(2, 11)] == \
+            [run.class_names[i] for i in np.argsort(-probs, kind="stable")]
+    deep = next(r for r in rows if r["path"].endswith("deep16.png"))
+    assert deep["prob"] < 0.999  # 16-bit pixels scaled, not clipped to a white image
+
+
+def test_cli_folder_glob_tta_and_temperature(ckpts, tmp_path):
+    """The script end to end (a subprocess): a glob, tta=hflip, a calibration.json beside the checkpoint;
+    the summary counts the skipped file; probabilities equal the tempered, mirror-averaged softmax."""
+    path = ckpts("learned")
+    contents = mixed_folder(tmp_path / "imgs")
+    (path.parent / "calibration.json").write_text(json.dumps({"temperature": 2.5}))
+    try:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run([sys.executable, "scripts/predict.py", f"ckpt_path={path.parent.parent}",
+                               f"images={tmp_path}/imgs/*.*", f"out={tmp_path}/p.csv", "tta=hflip", "topk=2",
+                               f"hydra.run.dir={tmp_path}/hydra"], cwd=ROOT, env=env, capture_output=True, text=True)
+    finally:
+        (path.parent / "calibration.json").unlink()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "broken.jpg" in proc.stderr and "1 unreadable file(s) skipped" in proc.stdout
+    assert "temperature 2.5" in proc.stdout
+    rows = read_csv(tmp_path / "p.csv")
+    assert list(rows[0]) == ["path", "label", "prob", "top2_label", "top2_prob"]
+    run = rebuild(load_checkpoint(path), path)
+    for r in rows:
+        pixels = contents[Path(r["path"]).name]
+        small = np.asarray(Image.fromarray(pixels).resize((8, 8), Image.Resampling.BILINEAR), dtype=np.float32)
+        x = torch.from_numpy((small / 255 - DIGITS_MEAN) / DIGITS_STD)[None, None]
+        with torch.no_grad():
+            p = ((run.net(x) / 2.5).softmax(-1) + (run.net(x.flip(-1)) / 2.5).softmax(-1))[0] / 2
+        assert r["label"] == run.class_names[int(p.argmax())]
+        assert abs(float(r["prob"]) - float(p.max())) < 1e-5
+
+
+def test_image_folder_checkpoint_uses_its_crop_rule(ckpts, tmp_path):
+    """An image-folder checkpoint (varying sizes): predict applies its eval transform (shorter side to
+    img_size / 0.875, centre crop) and names classes by folder."""
+    from torchvision.transforms import v2
+
+    path = ckpts("folder")
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    rng = np.random.default_rng(3)
+    for i, (h, w) in enumerate([(40, 25), (16, 16), (31, 77)]):
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    rows = read_csv(run_predict(tmp_path, path, folder))
+    run = rebuild(load_checkpoint(path), path)
+    assert run.class_names == ["cat", "dog", "fish"]
+    tf = v2.Compose([v2.Resize(18), v2.CenterCrop(16), v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+                     v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    for r in rows:
+        with torch.no_grad():
+            p = run.net(tf(Image.open(r["path"]).convert("RGB"))[None]).softmax(-1)[0]
+        assert r["label"] == run.class_names[int(p.argmax())]
+        assert abs(float(r["prob"]) - float(p.max())) < 1e-5
+
+
+def test_mistakes_are_one_line(ckpts, tmp_path):
+    path = ckpts("sincos2d")
+    folder = tmp_path / "only_text"
+    folder.mkdir()
+    (folder / "a.txt").write_text("x")
+    with pytest.raises(ConfigError, match="holds no image files"):
+        run_predict(tmp_path, path, folder)
+    with pytest.raises(ConfigError, match="tta='vflip'"):
+        run_predict(tmp_path, path, folder, "tta=vflip")
+    with pytest.raises(ConfigError, match=r"\.csv or \.json"):
+        run_predict(tmp_path, path, folder, out="preds.txt")
+    (folder / "bad.png").write_bytes(b"\x89PNG garbage")
+    with pytest.raises(ConfigError, match="none of the 1 file"):
+        run_predict(tmp_path, path, folder)
+
+
+def test_hostile_checkpoint_refused_by_predict(ckpts, tmp_path):
+    """A stored config naming builtins.open is refused before anything is called: no marker file."""
+    marker = tmp_path / "pwned"
+    evil = tc.hostile(ckpts("sincos2d").parents[3], marker)
+    contents = mixed_folder(tmp_path / "imgs")
+    assert contents
+    with pytest.raises(ConfigError, match="builtins.open"):
+        run_predict(tmp_path, evil, tmp_path / "imgs")
+    assert not marker.exists()

@@ -1,0 +1,80 @@
+"""``export(cfg) -> written path``: the body of ``scripts/export.py``.
+
+    format=timm  out=DIR         config.json + model.safetensors (timm's hub layout) + README.md model card
+    format=onnx  out=model.onnx  one self-contained file, dynamic batch
+
+Both are checked after writing against the checkpoint's network (timm: logits within 1e-5,
+loaded back through ``timm.create_model("local-dir:DIR")``; ONNX: within 1e-4 in onnxruntime).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from vitpipe.errors import ConfigError
+from vitpipe.export.hub import check_repo_id, push_folder
+from vitpipe.export.model_card import model_card
+from vitpipe.export.onnx_format import export_onnx
+from vitpipe.export.timm_format import save_timm, timm_arch
+from vitpipe.models.timm_compat import timm_kwargs
+from vitpipe.predict import calibration_temperature, run_dir_of
+from vitpipe.preprocess import Preprocess
+
+FORMATS = ("timm", "onnx")
+
+
+def output_path(cfg: DictConfig) -> Path | None:
+    """``out`` checked against the format (None: not given)."""
+    if cfg.format not in FORMATS:
+        raise ConfigError(f"format={cfg.format!r}; valid choices: {', '.join(FORMATS)}")
+    if cfg.get("push_to_hub"):
+        if cfg.format != "timm":
+            raise ConfigError(f"push_to_hub uploads a timm folder: use format=timm, not format={cfg.format}")
+        check_repo_id(cfg.push_to_hub)
+    if cfg.get("out") in (None, ""):
+        return None
+    out = Path(str(cfg.out))
+    if cfg.format == "onnx" and out.suffix.lower() != ".onnx":
+        raise ConfigError(f"out={cfg.out}: an ONNX export is one file whose name ends in .onnx")
+    if cfg.format == "timm" and out.exists() and not out.is_dir():
+        raise ConfigError(f"out={cfg.out} is a file; format=timm writes a folder: pass a folder path")
+    return out
+
+
+def export(cfg: DictConfig) -> Path:
+    from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
+
+    out = output_path(cfg)
+    path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best")
+    checkpoint = load_checkpoint(path)
+    built = rebuild(checkpoint, path, paths=cfg.paths, task_name=cfg.task_name)
+    net = built.net.cpu().eval()
+    if hasattr(net, "generate"):
+        raise ConfigError(f"format={cfg.format} exports classifiers; {path} is a captioner "
+                          "(use scripts/predict.py for its captions)")
+    spec = Preprocess(built.datamodule, net).spec
+    if out is None:  # e.g. <run output dir>/vit_nano_digits(.onnx)
+        data = str(built.cfg.data.get("_target_", "")).rsplit(".", 1)[-1] if built.cfg.get("data") else ""
+        stem = "_".join(filter(None, [str(built.cfg.model.get("name", "vit")), data.removesuffix("DataModule").lower()]))
+        out = Path(cfg.paths.output_dir) / (stem + (".onnx" if cfg.format == "onnx" else ""))
+
+    if cfg.format == "onnx":
+        diff = export_onnx(net, spec, out)
+        print(f"vitpipe export: {out} ({out.stat().st_size / 1e6:.2f} MB; onnxruntime logits within {diff:.2g} "
+              "of PyTorch's)")
+        return out
+
+    timm_kwargs(net)  # a part timm cannot express: one line, before anything is written
+    class_names = built.class_names if built.class_names and len(built.class_names) == net.num_classes else None
+    diff = save_timm(net, spec, out, class_names=class_names)
+    card = model_card(name=out.name, net=net, arch=timm_arch(net), spec=spec, train_config=checkpoint["vitpipe_config"],
+                      class_names=class_names, run_dir=run_dir_of(path), temperature=calibration_temperature(path))
+    (out / "README.md").write_text(card, encoding="utf-8")
+    print(f"vitpipe export: timm model in {out} (config.json, model.safetensors, README.md; "
+          f"timm's logits within {diff:.2g} of the checkpoint's)")
+    if cfg.get("push_to_hub"):
+        url = push_folder(out, cfg.push_to_hub, private=bool(cfg.get("private", False)))
+        print(f"vitpipe export: uploaded to {url}")
+    return out

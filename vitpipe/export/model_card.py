@@ -1,0 +1,114 @@
+"""The model card (``README.md``) written beside exported timm weights.
+
+Front matter and the first sections come from timm's own ``generate_readme`` (the card
+``push_to_hf_hub`` writes); vitpipe adds what a reader of a trained model needs: the data and its
+classes, the test metrics of the run (``metrics.json`` of the checkpoint's run directory), the
+training command and config, and the intended use and limits. Local paths are left out.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from torch import nn
+
+from vitpipe.preprocess import InputSpec
+
+# config keys that describe the machine, not the model (paths, loggers, Hydra's own settings, a resume file)
+_LOCAL_KEYS = ("paths", "logger", "hydra", "callbacks", "ckpt_path")
+
+
+def run_metrics(run_dir: Path) -> dict[str, float]:
+    """The test metrics of a run's ``metrics.json`` ({} when absent or unreadable)."""
+    try:
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in metrics.items() if k.startswith("test/") and isinstance(v, (int, float))}
+
+
+def train_command(run_dir: Path) -> str | None:
+    """``python scripts/train.py <overrides>`` from Hydra's record of the run, if it is there."""
+    try:
+        overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or []
+    except (OSError, yaml.YAMLError):
+        return None
+    return " ".join(["python scripts/train.py", *map(str, overrides)])
+
+
+def shareable_config(train_config: dict) -> str:
+    """The training config (as stored in the checkpoint) as YAML, without machine-specific keys and data roots."""
+    data = json.loads(json.dumps(train_config, default=str))  # a copy holding only YAML-safe values
+    for key in _LOCAL_KEYS:
+        data.pop(key, None)
+    if isinstance(data.get("data"), dict) and data["data"].get("root"):
+        data["data"]["root"] = "<local folder>"
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def model_card(*, name: str, net: nn.Module, arch: str, spec: InputSpec, train_config: dict,
+               class_names: list[str] | None, run_dir: Path | None, temperature: float | None) -> str:
+    """README.md text for an exported timm folder named ``name``; ``train_config``: the run's config as the
+    checkpoint stores it (shown as text, never instantiated)."""
+    from timm.models._hub import generate_readme
+
+    model_cfg = train_config.get("model") or {}
+    data_name = str((train_config.get("data") or {}).get("_target_", "?")).rsplit(".", 1)[-1].removesuffix("DataModule")
+    num_params = sum(p.numel() for p in net.parameters())
+    metrics = run_metrics(run_dir) if run_dir else {}
+    details = {
+        "Model Type": "Image classification",
+        "Architecture": (f"ViT (vitpipe {model_cfg.get('name', '?')}): dim {net.dim}, depth {len(net.blocks)}, "
+                         f"heads {net.blocks[0].attn.num_heads}, patch {net.patch_size[0]}x{net.patch_size[1]}, "
+                         f"pos_embed {model_cfg.get('pos_embed', '?')}, pool {net.pool}; timm `{arch}` with the "
+                         "`model_args` of config.json"),
+        "Params (M)": f"{num_params / 1e6:.3f} ({num_params:,} parameters)",
+        "Image size": f"{spec.img_size[0]} x {spec.img_size[1]}, {spec.in_chans} channel(s)",
+        "Preprocessing": (f"{spec.interpolation} resize, crop_mode {spec.crop_mode}, crop_pct {spec.crop_pct}, "
+                          f"mean {list(spec.mean)}, std {list(spec.std)} (from config.json's pretrained_cfg)"),
+        "Data": data_name,
+        "Classes": ", ".join(class_names) if class_names else f"{net.num_classes} (names not stored: indices)",
+    }
+    if metrics:
+        details["Test metrics"] = {k: f"{v:.4f}" for k, v in sorted(metrics.items())}
+    if temperature:
+        details["Calibration"] = f"temperature {temperature:g} (divide the logits by it before the softmax)"
+    card = {
+        "description": f"A Vision Transformer image classifier trained with vitpipe on {data_name} "
+                       f"({net.num_classes} classes), exported to timm's format.",
+        "details": details,
+        "license": "other",
+        "usage": _usage(name, spec),
+    }
+    text = generate_readme(card, name, task_name="image-classification")
+    command = train_command(run_dir) if run_dir else None
+    text += "\n## Training\n"
+    text += f"\n```bash\n{command}\n```\n" if command else "\nThe training command was not recorded.\n"
+    text += f"\n<details><summary>Run config</summary>\n\n```yaml\n{shareable_config(train_config)}```\n</details>\n"
+    text += (
+        "\n## Intended use and limits\n\n"
+        f"Classifies images into the {net.num_classes} classes above, for images like those of the training "
+        f"data ({data_name}). It has not been evaluated on any other distribution: on other kinds of images "
+        "its probabilities are not meaningful, and it always answers with one of its classes. Accuracy figures "
+        "above are on the run's own test split only. Check the licence of the training data before use and "
+        "set this card's `license` accordingly.\n"
+    )
+    return text
+
+
+def _usage(name: str, spec: InputSpec) -> str:
+    convert = "L" if spec.in_chans == 1 else "RGB"
+    return (
+        "```python\n"
+        "import timm, torch\n"
+        "from PIL import Image\n\n"
+        f'model = timm.create_model("local-dir:{name}", pretrained=True).eval()  # or "hf-hub:<user>/<repo>"\n'
+        "cfg = timm.data.resolve_data_config({}, model=model)\n"
+        "transform = timm.data.create_transform(**cfg)\n"
+        f'x = transform(Image.open("image.png").convert("{convert}"))[None]\n'
+        "probs = model(x).softmax(-1)\n"
+        "label = model.pretrained_cfg['label_names'][probs.argmax().item()]\n"
+        "```\n"
+    )

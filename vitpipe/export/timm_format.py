@@ -1,0 +1,62 @@
+"""format=timm: ``config.json`` + ``model.safetensors`` in timm's hub layout, written by timm's ``save_for_hf``.
+
+The network is converted to a timm ``VisionTransformer`` (``timm_compat.to_timm``), so
+``timm.create_model("local-dir:DIR", pretrained=True)`` rebuilds it from timm's own registry and
+``model_args``. Its ``pretrained_cfg`` states vitpipe's preprocessing rule (``vitpipe.preprocess``),
+so ``resolve_data_config({}, model=m)`` + ``create_transform(**cfg)`` feed it as ``scripts/predict.py``
+does. After writing, the folder is loaded back through timm and checked against the network.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vitpipe.errors import ExportCheckError
+from vitpipe.models.registry import TIMM_NAMES, VARIANTS
+from vitpipe.models.timm_compat import timm_kwargs, to_timm
+from vitpipe.preprocess import InputSpec
+
+TIMM_TOLERANCE = 1e-5  # max abs logit difference, fp32
+GENERIC_ARCH = "vit_base_patch16_224"  # any timm ViT entry point: the model_args set every dimension
+
+
+def timm_arch(net: nn.Module) -> str:
+    """timm's entry point of the same variant (e.g. ``vit_small_patch16_224``), else a generic ViT one."""
+    kw = timm_kwargs(net)
+    for name, dims in VARIANTS.items():
+        same = (dims["dim"], dims["depth"], dims["num_heads"]) == (kw["embed_dim"], kw["depth"], kw["num_heads"])
+        if same and (dims["patch_size"],) * 2 == kw["patch_size"] and name in TIMM_NAMES:
+            return TIMM_NAMES[name].split(".")[0]
+    return GENERIC_ARCH
+
+
+def save_timm(net: nn.Module, spec: InputSpec, out: Path, *, class_names: list[str] | None = None) -> float:
+    """Write ``out/config.json`` + ``out/model.safetensors``; returns the max abs logit difference
+    between the model timm loads back and ``net`` (ExportCheckError above ``TIMM_TOLERANCE``).
+    ConfigError (before anything is written) when timm cannot express a part of ``net``."""
+    from timm.models import save_for_hf
+
+    arch = timm_arch(net)
+    tm = to_timm(net.eval(), arch).eval()
+    # a clean pretrained_cfg: the entry point's own (weights source, tag, licence) does not describe these weights
+    tm.pretrained_cfg = tm.default_cfg = dict(architecture=arch, num_classes=tm.num_classes, classifier="head",
+                                              first_conv="patch_embed.proj", **spec.timm_data_config())
+    labels = {"label_names": list(class_names)} if class_names else None
+    save_for_hf(tm, str(out), model_config=labels, safe_serialization=True)
+    return check_timm(net, out, spec)
+
+
+@torch.no_grad()
+def check_timm(net: nn.Module, out: Path, spec: InputSpec, batch: int = 3) -> float:
+    import timm
+
+    loaded = timm.create_model(f"local-dir:{out}", pretrained=True).eval()
+    x = torch.randn(batch, spec.in_chans, *spec.img_size)
+    diff = (loaded(x) - net.eval()(x)).abs().max().item()
+    if not diff <= TIMM_TOLERANCE:
+        raise ExportCheckError(f"the timm model written to {out} differs from the checkpoint's network: "
+                               f"max abs logit difference {diff:.3g} > {TIMM_TOLERANCE}")
+    return diff

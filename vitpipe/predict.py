@@ -1,0 +1,242 @@
+"""``predict(cfg) -> output file``: the body of ``scripts/predict.py``: image files -> labels or captions.
+
+checkpoint -> network + the run's eval transform (``vitpipe.preprocess``) -> batches of files ->
+
+* classifiers: one row per image, ``path,label,prob,top2_label,top2_prob,...`` up to ``topk``
+  (class names stored in the checkpoint; softmax probabilities, divided by the temperature of a
+  ``calibration.json`` beside the checkpoint when there is one; ``tta=hflip`` averages the
+  probabilities of the image and its mirror);
+* captioners: ``path,caption`` (the decoding settings the run validated with).
+
+CSV, or JSON (a list of the same rows) when ``out`` ends in ``.json``. A file that does not decode
+is named on stderr and skipped; the count is printed at the end.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from vitpipe.data.images import open_image
+from vitpipe.errors import ConfigError
+from vitpipe.preprocess import Preprocess
+
+TTA = ("none", "hflip")
+OUT_SUFFIXES = (".csv", ".json")
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def find_images(spec: str) -> tuple[list[Path], int]:
+    """The files ``images=`` names: a folder (its image files, recursively), one file, or a glob pattern.
+
+    Returns (files sorted by path, how many files in the folder/glob were passed over as not images
+    by their extension). A file named on its own is always tried.
+    """
+    spec = str(spec)
+    path = Path(spec)
+    if path.is_file():
+        return [path], 0
+    if path.is_dir():
+        candidates = [p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")]
+    elif glob.has_magic(spec):
+        candidates = [Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file()]
+    else:
+        raise ConfigError(f"images={spec}: no such file or folder; pass a folder, an image file or a glob like 'dir/*.jpg'")
+    suffixes = set(Image.registered_extensions())
+    files = sorted(p for p in candidates if p.suffix.lower() in suffixes)
+    if not files:
+        raise ConfigError(f"images={spec} holds no image files (of {len(candidates)} file(s)); "
+                          "pass a folder, an image file or a glob of images")
+    return files, len(candidates) - len(files)
+
+
+class ImageFiles(Dataset):
+    """``(index, tensor (C, H, W) or None, why it failed or None)`` per file: a bad file never raises."""
+
+    def __init__(self, files: list[Path], preprocess: Preprocess) -> None:
+        self.files, self.preprocess = files, preprocess
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int):
+        try:
+            return i, self.preprocess(open_image(self.files[i], self.preprocess.spec.mode)), None
+        except Exception as err:  # PIL raises many types for broken files
+            return i, None, (str(err).splitlines() or [type(err).__name__])[0]
+
+
+def _collate(items):
+    ok = [(i, x) for i, x, _ in items if x is not None]
+    bad = [(i, why) for i, x, why in items if x is None]
+    x = torch.stack([x for _, x in ok]) if ok else None  # (B, C, H, W)
+    return [i for i, _ in ok], x, bad
+
+
+# --------------------------------------------------------------------------- the model side
+
+
+def class_probs(net, x: Tensor, *, tta: str = "none", temperature: float = 1.0) -> Tensor:
+    """Softmax probabilities (B, classes) of a classifier, after temperature scaling (Guo et al. 2017)."""
+    logits = net(x)
+    if not (isinstance(logits, Tensor) and logits.ndim == 2 and logits.shape[0] == x.shape[0]):
+        what = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ConfigError(f"predict: {type(net).__name__} returns {what}, not logits (B, classes); "
+                          "predict handles classifiers and captioners")
+    probs = (logits.float() / temperature).softmax(dim=-1)
+    if tta == "hflip":  # mirror TTA: the average of the image's and its mirror's probabilities
+        probs = (probs + (net(x.flip(-1)).float() / temperature).softmax(dim=-1)) / 2
+    return probs
+
+
+def class_rows(paths: list[str], probs: Tensor, names: list[str], topk: int) -> list[dict]:
+    """``path,label,prob,top2_label,top2_prob,...`` rows from probabilities (B, classes)."""
+    values, idx = probs.topk(min(topk, probs.shape[1]), dim=1)  # (B, k) each
+    rows = []
+    for path, v, i in zip(paths, values.tolist(), idx.tolist()):
+        row = {"path": path}
+        for rank, (p, c) in enumerate(zip(v, i), start=1):
+            key = "" if rank == 1 else f"top{rank}_"
+            row[f"{key}label"], row[f"{key}prob"] = names[c], p
+        rows.append(row)
+    return rows
+
+
+def columns(topk: int, num_classes: int) -> list[str]:
+    cols = ["path", "label", "prob"]
+    for rank in range(2, min(topk, num_classes) + 1):
+        cols += [f"top{rank}_label", f"top{rank}_prob"]
+    return cols
+
+
+def label_names(class_names, num_classes: int) -> list[str]:
+    """The checkpoint's class names, or the indices as strings (with a one-line note) when it has none."""
+    if class_names and len(class_names) == num_classes:
+        return [str(n) for n in class_names]
+    why = "stores no class names" if not class_names else f"stores {len(class_names)} class names for {num_classes} classes"
+    print(f"vitpipe: note: the checkpoint {why}; labels are class indices", file=sys.stderr)
+    return [str(i) for i in range(num_classes)]
+
+
+# --------------------------------------------------------------------------- files beside a checkpoint
+
+
+def run_dir_of(ckpt_path: Path) -> Path:
+    """The run directory a checkpoint belongs to (``<run>/checkpoints/x.ckpt`` -> ``<run>``)."""
+    ckpt_path = Path(ckpt_path)
+    return ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else ckpt_path.parent
+
+
+def calibration_temperature(ckpt_path: Path) -> float | None:
+    """``temperature`` of a ``calibration.json`` beside the checkpoint or in its run directory."""
+    for folder in dict.fromkeys((Path(ckpt_path).parent, run_dir_of(ckpt_path))):
+        file = folder / "calibration.json"
+        if not file.is_file():
+            continue
+        try:
+            t = json.loads(file.read_text()).get("temperature")
+        except (OSError, ValueError, AttributeError) as e:
+            raise ConfigError(f"cannot read {file}: {e}; fix or remove it") from None
+        if t is None:
+            continue
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise ConfigError(f"{file}: temperature={t!r} must be a finite number > 0; fix or remove the file")
+        return float(t)
+    return None
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def write_rows(rows: list[dict], cols: list[str], out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix.lower() == ".json":
+        out.write_text(json.dumps(rows, indent=1) + "\n")
+        return out
+    with out.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=cols)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
+    return out
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def check_options(cfg: DictConfig) -> None:
+    """Everything checkable before the checkpoint is read."""
+    for key in ("topk", "batch_size"):
+        v = cfg.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{key}={v!r}: expected an int >= 1")
+    if cfg.num_workers is None or isinstance(cfg.num_workers, bool) or not isinstance(cfg.num_workers, int) \
+            or cfg.num_workers < 0:
+        raise ConfigError(f"num_workers={cfg.num_workers!r}: expected an int >= 0")
+    if cfg.tta not in TTA:
+        raise ConfigError(f"tta={cfg.tta!r}; valid choices: {', '.join(TTA)}")
+    if Path(str(cfg.out)).suffix.lower() not in OUT_SUFFIXES:
+        raise ConfigError(f"out={cfg.out}: the file name must end in .csv or .json")
+
+
+def predict(cfg: DictConfig) -> Path:
+    """Predict every image ``cfg.images`` names with checkpoint ``cfg.ckpt_path``; returns the file written."""
+    from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
+    from vitpipe.viz.visualize import _device
+
+    check_options(cfg)
+    device = _device(cfg.device)
+    files, not_images = find_images(cfg.images)
+    path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best")
+    checkpoint = load_checkpoint(path)
+    built = rebuild(checkpoint, path, paths=cfg.paths, task_name=cfg.task_name)
+    net = built.net.to(device).eval()
+    captioner = hasattr(net, "generate")
+    if captioner and cfg.tta != "none":
+        raise ConfigError(f"tta={cfg.tta} applies to classifiers; this checkpoint is a captioner: drop tta")
+    preprocess = Preprocess(built.datamodule, net.encoder if captioner else net)
+    temperature = None if captioner else calibration_temperature(path)
+    loader = DataLoader(ImageFiles(files, preprocess), batch_size=cfg.batch_size, num_workers=cfg.num_workers,
+                        collate_fn=_collate)
+
+    rows, bad = [], 0
+    if captioner:
+        cols, tokenizer, hp = ["path", "caption"], built.module.tokenizer, built.module.hparams
+    else:
+        names = label_names(built.class_names, net.num_classes)
+        cols = columns(cfg.topk, len(names))
+    with torch.inference_mode():
+        for indices, x, failed in tqdm(loader, desc="predict", unit="batch", file=sys.stderr):
+            for i, why in failed:
+                tqdm.write(f"vitpipe: skipped {files[i]}: {why}", file=sys.stderr)
+            bad += len(failed)
+            if x is None:
+                continue
+            x, paths = x.to(device), [str(files[i]) for i in indices]
+            if captioner:
+                ids = net.generate(x, max_len=hp.max_gen_len, beam_size=hp.beam_size, length_penalty=hp.length_penalty)
+                rows += [{"path": p, "caption": c} for p, c in zip(paths, tokenizer.batch_decode(ids))]
+            else:
+                probs = class_probs(net, x, tta=cfg.tta, temperature=temperature or 1.0)
+                rows += class_rows(paths, probs.cpu(), names, cfg.topk)
+    if not rows:
+        raise ConfigError(f"images={cfg.images}: none of the {len(files)} file(s) could be read as an image")
+    out = write_rows(rows, cols, Path(str(cfg.out)))
+    notes = [f"{bad} unreadable file(s) skipped"] if bad else []
+    notes += [f"{not_images} non-image file(s) ignored"] if not_images else []
+    notes += [f"temperature {temperature:g} from calibration.json"] if temperature else []
+    print(f"vitpipe predict: {len(rows)} image(s) -> {out}" + (f" ({'; '.join(notes)})" if notes else ""))
+    return out
