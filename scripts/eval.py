@@ -1,4 +1,4 @@
-"""Test a checkpoint: `python scripts/eval.py ckpt_path=<file|run dir|last> [data=<name>]`."""
+"""Test a checkpoint: `python scripts/eval.py ckpt_path=<file|run dir|last> [data=<name>] [split=val] [calibrate=true] [tta=hflip]`."""
 
 import hydra
 

@@ -205,3 +205,66 @@ def test_figures_go_to_tensorboard(tmp_path, run):
     tb.experiment.flush()
     acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0}).Reload()
     assert set(acc.Tags()["images"]) == {f"report/{name}" for name in figures}
+
+
+# ---- scripts/eval.py: the same report for any checkpoint, split, calibration, TTA ---------------
+
+
+def _evaluate(run, tmp_path, *overrides):
+    from vitpipe.evaluate import evaluate
+
+    cfg = make_cfg(tmp_path, [f"ckpt_path={run.dir}", "trainer.accelerator=cpu", "trainer.precision=32-true",
+                              "+trainer.enable_progress_bar=false", *overrides], config_name="eval")
+    return evaluate(cfg), Path(cfg.paths.output_dir)
+
+
+def test_eval_calibrate_fits_on_val_writes_calibration_json_and_keeps_predictions(run, tmp_path):
+    metrics, out = _evaluate(run, tmp_path, "calibrate=true")
+    best = next((run.dir / "checkpoints").glob("epoch_*.ckpt"))  # ckpt_path=<run dir> evaluates the best
+    cal = json.loads((best.parent / "calibration.json").read_text())
+    print({k: round(v, 4) for k, v in cal.items() if isinstance(v, float)})
+    assert cal["temperature"] == pytest.approx(metrics["test/temperature"]) and cal["temperature"] > 0
+    assert cal["val_nll_after"] < cal["val_nll_before"]  # what the fit minimised, on the split it saw
+    assert metrics["test/nll"] == pytest.approx(cal["test_nll_after"])
+    assert {"test/ece", "test/ece_uncalibrated", "test/nll_uncalibrated"} <= set(metrics)
+    # dividing logits by T changes no prediction: the report's predictions are the training run's
+    ours, theirs = _csv(out / "predictions.csv"), _csv(run.dir / "predictions.csv")
+    assert [r["pred"] for r in ours] == [r["pred"] for r in theirs]
+    assert metrics["test/acc"] == pytest.approx(run.metrics["test/acc"], abs=1e-6)
+    assert read_predictions(out / "predictions.csv").ece() == pytest.approx(metrics["test/ece"], abs=1e-4)
+    assert (out / "report" / "curves.png").is_file()  # the training history was brought along
+
+
+def test_eval_split_val_reports_the_validation_split(run, tmp_path):
+    metrics, out = _evaluate(run, tmp_path, "split=val")
+    rows = _csv(out / "predictions.csv")
+    assert len(rows) == 144  # digits: 10% of the 1437 training images
+    assert np.mean([r["target"] == r["pred"] for r in rows]) == pytest.approx(metrics["val/acc"], abs=1e-6)
+    assert "# Evaluation report: val split" in (out / "report" / "report.md").read_text()
+
+
+def test_eval_option_mistakes_are_one_line_errors(run, tmp_path):
+    from vitpipe.errors import ConfigError
+
+    for bad, match in (("split=train", "split='train'; valid choices: test, val"),
+                       ("tta=vflip", "tta='vflip'; valid choices: none, hflip")):
+        with pytest.raises(ConfigError, match=match):
+            _evaluate(run, tmp_path / bad.split("=")[0], bad)
+
+
+def test_tta_hflip_averages_the_softmax_of_the_image_and_its_mirror_and_temperature_divides():
+    from vitpipe import create_model
+    from vitpipe.report.evaluation import at_test_time
+
+    net = create_model("vit_micro", num_classes=5, depth=1, img_size=16, patch_size=4).eval()
+    x = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        plain, mirror = net(x).softmax(-1), net(x.flip(-1)).softmax(-1)
+        with at_test_time(net, tta="hflip"):
+            tta = net(x).softmax(-1)
+        with at_test_time(net, temperature=2.0):
+            scaled = net(x)
+        after = net(x).softmax(-1)
+    torch.testing.assert_close(tta, (plain + mirror) / 2)
+    torch.testing.assert_close(scaled.softmax(-1), (plain.log() / 2).softmax(-1))
+    torch.testing.assert_close(after, plain)  # the hooks are gone afterwards

@@ -15,21 +15,23 @@ from omegaconf import DictConfig
 
 from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
 from vitpipe.config import instantiate_checked
-from vitpipe.runinfo import collect_metrics, print_summary, write_run_files
+from vitpipe.report.evaluation import eval_options, evaluate_with_report, report_callbacks
+from vitpipe.runinfo import print_summary, write_run_files
 
 log = logging.getLogger(__name__)
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True)
+    eval_options(cfg)  # split / calibrate / tta checked before anything loads
     path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best")
     checkpoint = load_checkpoint(path)
     run = rebuild(checkpoint, path, data=cfg.get("data"), paths=cfg.paths, task_name=cfg.task_name, need_data=True)
     log.info("evaluating %s", path)
-    trainer = instantiate_checked(cfg.trainer, "trainer", logger=False)
-    # the weights are in the module already: no ckpt_path, so Lightning does not read the file again
-    trainer.test(run.module, datamodule=run.datamodule)
-    metrics = collect_metrics(trainer, prefix="test/")
+    trainer = instantiate_checked(cfg.trainer, "trainer", logger=False, callbacks=report_callbacks(cfg))
+    # the weights are in the module already: no ckpt_path, so Lightning does not read the file again;
+    # predictions.csv + report/ (and calibration.json with calibrate=true): vitpipe.report.evaluation
+    metrics = evaluate_with_report(cfg, trainer, run.module, run.datamodule, path)
     if hasattr(run.module, "write_predictions"):  # captioners: generated captions next to the scores
         run.module.write_predictions(Path(cfg.paths.output_dir) / "captions.json")
     write_run_files(run.cfg, metrics)
