@@ -13,7 +13,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vitpipe.nn.blocks import EncoderBlock
 from vitpipe.nn.patch_embed import STEMS
-from vitpipe.nn.pos_embed import POS_EMBED_KINDS, RoPE2D, build_pos_embed
+from vitpipe.nn.pos_embed import RoPE2D, build_pos_embed
 
 POOLS = ("cls", "mean")
 
@@ -52,16 +52,13 @@ class ViT(nn.Module):
         grad_checkpointing: bool = False,
     ) -> None:
         super().__init__()
-        if pos_embed not in POS_EMBED_KINDS:
-            raise ValueError(f"unknown pos_embed={pos_embed!r}; valid choices: {', '.join(POS_EMBED_KINDS)}")
+        # pos_embed and num_heads are checked where they are used: build_pos_embed, MultiHeadAttention
         if stem not in STEMS:
             raise ValueError(f"unknown stem={stem!r}; valid choices: {', '.join(STEMS)}")
         if pool not in POOLS:
             raise ValueError(f"unknown pool={pool!r}; valid choices: {', '.join(POOLS)}")
         if pool == "cls" and not class_token:
             raise ValueError("pool='cls' needs class_token=True; use pool='mean' for a model without a class token")
-        if dim % num_heads != 0:
-            raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}")
 
         self.patch_embed = STEMS[stem](img_size, patch_size, in_chans, dim)
         self.img_size, self.patch_size = self.patch_embed.img_size, self.patch_embed.patch_size
