@@ -70,6 +70,8 @@ class ClassificationDataModule(L.LightningDataModule):
         mean, std: normalisation per native channel (default: the data set's statistics).
     """
 
+    has_val_split = False  # True: _load("val") may return the data set's own validation split
+
     def __init__(
         self,
         *,
@@ -168,6 +170,8 @@ class ClassificationDataModule(L.LightningDataModule):
 
     def _as_tensors(self, ds: Dataset) -> tuple[Tensor, Tensor]:
         """The loaded split as uint8 (N, C, H, W) and int64 (N,) for the fast path."""
+        if isinstance(ds, TensorImageDataset):
+            return ds.images, ds.labels
         raise NotImplementedError
 
     # ---- Lightning hooks ---------------------------------------------------------------
@@ -240,7 +244,7 @@ class ClassificationDataModule(L.LightningDataModule):
 
     def _setup_train_val(self) -> None:
         train = self._load("train")
-        val = self._load("val")
+        val = self._load("val") if self.has_val_split else None
         if val is None:
             self.train_indices, self.val_indices = split_indices(len(train), self.val_split, self.seed)
             val, val_idx, train_idx = train, self.val_indices, self.train_indices

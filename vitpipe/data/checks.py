@@ -12,13 +12,10 @@ def check_int(value, name: str, minimum: int = 1) -> int:
 
 def to_hw(value, name: str) -> tuple[int, int]:
     """An int or a [h, w] pair (a list, tuple or OmegaConf ListConfig) -> (h, w), both positive."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        pair = (value, value)
-    else:
-        try:
-            pair = tuple(value)
-        except TypeError:
-            pair = ()
+    try:
+        pair = (value, value) if isinstance(value, int) else tuple(value)  # a bool fails the test below
+    except TypeError:
+        pair = ()
     if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pair):
         raise ConfigError(f"{name}={value!r}: expected a positive int or a [height, width] pair of positive ints")
     return pair

@@ -55,8 +55,6 @@ class _CIFARDataModule(ClassificationDataModule):
             ) from err
 
     def _load(self, split: str):
-        if split == "val":
-            return None
         try:
             ds = self.dataset_class(self.root, train=split == "train", download=False)
         except RuntimeError as err:  # torchvision's md5 check: present but corrupted or partial

@@ -32,8 +32,6 @@ class DigitsDataModule(ClassificationDataModule):
         self._splits: dict[str, TensorImageDataset] | None = None
 
     def _load(self, split: str) -> TensorImageDataset | None:
-        if split == "val":
-            return None
         if self._splits is None:
             digits = load_digits()
             # Pixel values 0..16 -> 0..255 so every data set enters the pipeline as uint8.
@@ -47,6 +45,3 @@ class DigitsDataModule(ClassificationDataModule):
                 for name, idx in (("train", torch.from_numpy(train_idx)), ("test", torch.from_numpy(test_idx)))
             }
         return self._splits[split]
-
-    def _as_tensors(self, ds: TensorImageDataset):
-        return ds.images, ds.labels

@@ -84,8 +84,6 @@ class FashionMNISTDataModule(ClassificationDataModule):
             ) from err
 
     def _load(self, split: str):
-        if split == "val":
-            return None
         self._copy_system_files()  # setup() without prepare_data() (tests, benchmarks)
         return FashionMNIST(self.root, train=split == "train", download=False)
 

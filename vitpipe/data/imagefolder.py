@@ -51,6 +51,8 @@ class ImageFolderDataModule(ClassificationDataModule):
     equal the number of class folders. ImageNet statistics by default.
     """
 
+    has_val_split = True  # root/val/, when present
+
     def __init__(self, *, num_classes: int, fast_path: bool = False, on_bad_image: str = "error", **kwargs):
         info = DatasetInfo(
             name="imagefolder", num_classes=None, channels=3, native_size=None,

@@ -45,13 +45,8 @@ class SyntheticDataModule(ClassificationDataModule):
         self.length, self.test_length = length, test_length
 
     def _load(self, split: str) -> TensorImageDataset | None:
-        if split == "val":
-            return None
         n = self.length if split == "train" else self.test_length
         rng = np.random.default_rng([self.seed, 0 if split == "train" else 1])  # independent train/test streams
         images = rng.integers(0, 256, size=(n, self.channels, *self.native_size), dtype=np.uint8)
         labels = rng.integers(0, self.num_classes, size=n, dtype=np.int64)
         return TensorImageDataset(torch.from_numpy(images), torch.from_numpy(labels))
-
-    def _as_tensors(self, ds: TensorImageDataset):
-        return ds.images, ds.labels
