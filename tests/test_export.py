@@ -18,8 +18,10 @@ import tiny_checkpoints as tc
 from conftest import make_cfg
 from vitpipe.checkpoint import load_checkpoint, rebuild
 from vitpipe.cli import run_cli
-from vitpipe.errors import ConfigError
+from vitpipe.errors import ConfigError, ExportCheckError
 from vitpipe.export import export, export_onnx
+from vitpipe.export.onnx_format import check_onnx
+from vitpipe.export.timm_format import check_timm
 from vitpipe.predict import predict
 from vitpipe.preprocess import Preprocess
 
@@ -79,6 +81,10 @@ def test_timm_local_dir_gives_the_checkpoint_logits(ckpts, tmp_path, kind):
     assert "hf_hub_id" not in pre and "tag" not in pre  # nothing of the generic entry point's source weights
     if kind.startswith("sincos"):  # the fixed table is what timm holds, prefix tokens without a position
         assert torch.equal(m.pos_embed.detach(), net.pos_embed.table) and m.no_embed_class
+    with torch.no_grad():
+        net.head.bias[0] += 1e-4  # the export's own check fails for a network that differs by more than 1e-5
+    with pytest.raises(ExportCheckError, match="max abs logit difference"):
+        check_timm(net, out, Preprocess(rebuild(load_checkpoint(path), path).datamodule, net).spec)
 
 
 @pytest.mark.parametrize("kind, mode", [("sincos2d", "L"), ("folder", "RGB")])
@@ -122,6 +128,10 @@ def test_onnx_matches_pytorch_at_batch_1_and_5(ckpts, tmp_path, kind):
             diffs.append(np.abs(session.run(None, {"images": x.numpy()})[0] - run.net(x).numpy()).max())
     print(f"onnx parity {kind}: export check {check:.3g}, batch 1 {diffs[0]:.3g}, batch 5 {diffs[1]:.3g}")
     assert max(diffs) <= 1e-4 and check <= 1e-4
+    with torch.no_grad():
+        run.net.head.bias[0] += 1e-3  # a network that no longer matches the file: the check must say so
+    with pytest.raises(ExportCheckError, match="max abs difference"):
+        check_onnx(run.net, out, torch.randn(3, 1, 8, 8))
 
 
 @pytest.mark.parametrize("kind, part", [("rope2d", "rope2d"), ("learned2d", "learned2d"), ("conv", "conv stem")])

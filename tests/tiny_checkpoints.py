@@ -18,7 +18,7 @@ from PIL import Image
 
 from conftest import make_cfg
 
-# kind -> config overrides (all 1-block, 32-wide ViTs; vit_nano on 8x8 digits unless said)
+# kind -> config overrides (debug=fast: 1-block, 32-wide; vit_nano on 8x8 digits unless said)
 KINDS = {
     "learned": ["model.pos_embed=learned"],
     "learned_nocls": ["model.pos_embed=learned", "model.class_token=false", "model.pool=mean"],
@@ -28,6 +28,8 @@ KINDS = {
     "rope2d": ["model.pos_embed=rope2d"],
     "learned2d": ["model.pos_embed=learned2d"],
     "conv": ["model.pos_embed=sincos2d", "model.stem=conv"],
+    "captioner": ["experiment=caption_shapes", "data.num_train=16", "data.num_val=4", "data.num_test=4",
+                  "module.beam_size=2"],
     "folder": ["data=imagefolder", "data.num_classes=3", "model.img_size=16", "model.patch_size=4",
                "model.pos_embed=learned"],
 }
@@ -64,7 +66,10 @@ def checkpoint(kind: str, base: Path) -> Path:
     stored.pop("hydra", None)  # as ConfigInCheckpoint stores it (scripts/train.py's cfg has no hydra node)
     path = root / "run" / "checkpoints" / "epoch_000.ckpt"
     path.parent.mkdir(parents=True)
-    torch.save({"state_dict": module.state_dict(), "vitpipe_config": stored, "class_names": dm.class_names}, path)
+    saved = {"state_dict": module.state_dict(), "vitpipe_config": stored, "class_names": getattr(dm, "class_names", None)}
+    if kind == "captioner":
+        saved["tokenizer"] = module.tokenizer.state_dict()  # as CaptionModule.on_save_checkpoint does
+    torch.save(saved, path)
     _made[kind] = path
     return path
 
