@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
+
+from vitpipe.lit.checkpointing import atomic_write
 
 
 class ConfigInCheckpoint(L.Callback):
@@ -37,12 +37,9 @@ class ConfigInCheckpoint(L.Callback):
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary file and rename: a crash never leaves a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    """Write via a temporary file and rename: a crash never leaves a half-written file, a full
+    disk leaves the old one (``DiskFullError``); the file gets the user's umask."""
+    atomic_write(Path(path), lambda f: f.write(text.encode()))
 
 
 def output_dir(cfg: DictConfig) -> Path:

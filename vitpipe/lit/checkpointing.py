@@ -1,79 +1,323 @@
-"""Checkpoints that survive crashes, kills and pre-emption.
+"""Checkpoints that survive crashes, kills, interrupts, full disks and pre-emption.
 
-- ``AtomicCheckpointIO``: write to a temporary file in the same directory, fsync, then rename
-  over the target. A kill during a save leaves the previous checkpoint intact (rename is atomic
-  on POSIX), never a truncated file under the real name.
-- ``PreemptionCheckpoint``: on SIGTERM (what schedulers send before killing a job, SLURM's
-  pre-emption included) Lightning finishes the current batch and raises ``SIGTERMException``;
-  this callback then writes ``last.ckpt`` at that batch boundary, so ``ckpt_path=last`` continues
-  from the exact step (the data modules resume the epoch's order and augmentation exactly).
+- ``atomic_write`` / ``AtomicCheckpointIO``: write to a temporary file in the same directory,
+  fsync, then rename over the target. A kill during a save leaves the previous file intact
+  (rename is atomic on POSIX), never a truncated file under the real name; a failed write
+  (a full disk) removes its temporary file and raises ``DiskFullError`` naming the path. Files
+  get the permissions the user's umask gives (``mkstemp`` alone would make them 0600).
+- ``remove_stale_temp_files``: the temporary files of writes whose process was killed.
+- ``BestAndLastCheckpoint``: Lightning's ``ModelCheckpoint`` (best k by a metric) whose
+  ``last.ckpt`` is always the newest state: after every epoch and every N steps if asked.
+- ``PreemptionCheckpoint``: on SIGTERM (what schedulers send before killing a job) or Ctrl-C,
+  Lightning finishes the current batch and raises ``SIGTERMException``; this callback then writes
+  ``last.ckpt`` at that batch boundary (only while fitting), so ``ckpt_path=last`` continues from
+  the exact step. On resume it says where it continues and removes stale temporary files.
 - ``SignalAtStep``: sends a real signal to the own process at a given step, to rehearse a kill.
 """
 
 from __future__ import annotations
 
-import logging
+import errno
 import os
+import re
 import signal
+import socket
+import sys
 import tempfile
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import lightning as L
 import torch
 from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-log = logging.getLogger(__name__)
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+STALE_AFTER_S = 3600  # a temporary file of another host older than this is no save in progress
+
+
+class DiskFullError(OSError):
+    """A write failed for lack of space; its temporary file is gone and the old file untouched."""
+
+    def __init__(self, code: int, path: Path) -> None:
+        super().__init__(code, os.strerror(code), str(path))
+
+
+def disk_full_cause(exc: BaseException) -> OSError | None:
+    """The ENOSPC/EDQUOT error in ``exc``'s chain (torch's writer wraps it), or None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _FULL:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _umask() -> int:
+    try:  # Linux reports it without changing it (os.umask can only set, racing other threads)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _temp_prefix(name: str) -> str:
+    # the writer's host and pid in the name: a later run can tell a killed save from a running one
+    return f".{name}.tmp-{socket.gethostname()}-{os.getpid()}-"
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write(f)`` on a temporary file beside ``path``, then rename it to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path.name))
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # teammates read checkpoints as they read the user's other files
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        Path(tmp).unlink(missing_ok=True)
+        full = disk_full_cause(e)
+        if full is not None:
+            raise DiskFullError(full.errno, path) from e
+        raise
+    try:  # make the rename itself durable (a power cut after it keeps the new file)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+_TEMP_NAME = re.compile(r"\..+\.tmp-(?P<host>.+)-(?P<pid>\d+)-[a-z0-9_]+")
+
+
+def _writer_may_be_alive(p: Path) -> bool:
+    m = _TEMP_NAME.fullmatch(p.name)
+    if m is None:
+        return False  # an older vitpipe's temp name: no host/pid, and no running version writes it
+    if m["host"] != socket.gethostname():
+        return time.time() - p.stat().st_mtime < STALE_AFTER_S
+    pid = int(m["pid"])
+    if pid == os.getpid():
+        return False  # this process calls between its own saves
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def remove_stale_temp_files(directory) -> list[Path]:
+    """Delete the ``.<name>.tmp-*`` files in ``directory`` whose writer was killed mid-save."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    removed = []
+    for p in directory.glob(".*.tmp-*"):
+        try:
+            if p.is_file() and not _writer_may_be_alive(p):
+                p.unlink()
+                removed.append(p)
+        except FileNotFoundError:
+            pass  # its writer finished (renamed it) meanwhile
+    return removed
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """``torch.save`` into ``.<name>.tmp-*`` next to the target, then ``os.replace``."""
+    """``torch.save`` through ``atomic_write``: a kill or a full disk never corrupts a checkpoint."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         protocols = get_filesystem(path).protocol
         if "file" not in (protocols if isinstance(protocols, tuple) else (protocols,)):
             return super().save_checkpoint(checkpoint, path, storage_options)  # remote stores: their own semantics
+        atomic_write(Path(path), lambda f: torch.save(checkpoint, f))
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+
+class BestAndLastCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` whose ``last.ckpt`` is always the newest state.
+
+    Lightning 2.6 refreshes ``last.ckpt`` only when it saves a top-k checkpoint, so with
+    ``save_top_k=1`` on ``val/acc`` a finished run's ``last.ckpt`` held its best epoch and
+    ``ckpt_path=last`` silently retrained the epochs after it. Here ``last.ckpt`` is also written
+    at the end of every training epoch and, with ``last_every_n_train_steps=N``, after every N-th
+    optimizer step, whatever the monitored metric did. Lightning's own ``_save_last_checkpoint``
+    writes it, so its bookkeeping (``last_model_path``, loggers) stays as Lightning keeps it.
+    """
+
+    def __init__(self, *args, last_every_n_train_steps: int | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.save_last == "link":
+            raise ValueError("save_last=link would point last.ckpt at an older checkpoint; use save_last=true")
+        if last_every_n_train_steps is not None and last_every_n_train_steps < 0:
+            raise ValueError(f"last_every_n_train_steps={last_every_n_train_steps}; use a positive int or null")
+        self.last_every_n_train_steps = last_every_n_train_steps or 0
+        self._last_written_step = 0  # nothing to save before the first step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        n = self.last_every_n_train_steps
+        if n and trainer.global_step % n == 0:
+            self._refresh_last(trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        super().on_train_epoch_end(trainer, pl_module)  # top-k (and last, when a top-k was saved)
+        self._refresh_last(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        super().on_train_end(trainer, pl_module)
+        self._refresh_last(trainer)  # max_steps can end training mid-epoch
+
+    def _save_last_checkpoint(self, trainer, monitor_candidates) -> None:
+        super()._save_last_checkpoint(trainer, monitor_candidates)
+        if self.save_last:
+            self._last_written_step = trainer.global_step
+
+    def _refresh_last(self, trainer) -> None:
+        if (not self.save_last or trainer.fast_dev_run or trainer.sanity_checking
+                or trainer.state.fn != TrainerFn.FITTING or self._last_written_step == trainer.global_step):
+            return
+        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+_NOT_CAUGHT = object()
 
 
 class PreemptionCheckpoint(L.Callback):
-    """Write a resumable ``last.ckpt`` when training is stopped by SIGTERM."""
+    """Stops and resumes.
+
+    - SIGTERM while fitting: ``last.ckpt`` at the batch boundary (Lightning stops there).
+    - Ctrl-C (SIGINT) is relayed as SIGTERM, so it stops the same way, on every DDP rank (Lightning
+      broadcasts the stop); a second Ctrl-C stops at once without saving.
+    - The ``SIGTERMException`` that ends the run carries ``vitpipe_signal``, ``vitpipe_stage`` and
+      ``vitpipe_checkpoint`` (the path written, or None: nothing is saved outside fit), which
+      ``vitpipe.cli`` turns into one line and the exit status 128 + signal.
+    - Resume: prints the path, epoch and step it continues from; at start and on resume, removes
+      the temporary files that killed saves left in the checkpoint directories.
+    """
 
     def __init__(self, filename: str = "last.ckpt") -> None:
         self.filename = filename
         self.saved_path: str | None = None
+        self._signal: int | None = None  # the signal that is stopping the current stage
+        self._previous_sigint = _NOT_CAUGHT
+        self._trainer: L.Trainer | None = None
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
+    # ---- Ctrl-C: installed after Lightning registers its SIGTERM handler (before on_*_start) ----
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._catch_sigint(trainer)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._catch_sigint(trainer)
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._catch_sigint(trainer)
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        self._catch_sigint(trainer)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self._release_sigint()
+
+    def _catch_sigint(self, trainer) -> None:
+        if self._previous_sigint is not _NOT_CAUGHT or threading.current_thread() is not threading.main_thread():
             return
-        cb = trainer.checkpoint_callback
-        dirpath = Path(cb.dirpath) if cb is not None and cb.dirpath else Path(trainer.default_root_dir) / "checkpoints"
-        path = dirpath / self.filename
+        self._signal, self._trainer = None, trainer
+        self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _release_sigint(self) -> None:
+        if self._previous_sigint is _NOT_CAUGHT:
+            return
+        previous = self._previous_sigint
+        self._previous_sigint = _NOT_CAUGHT
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self._signal == signal.SIGINT:  # pressed twice: stop now, without saving
+            self._release_sigint()
+            raise KeyboardInterrupt
+        self._signal = signal.SIGINT
+        if self._trainer is None or self._trainer.is_global_zero:
+            fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
+            what = "and saving last.ckpt " if fitting else ""
+            print(f"\nvitpipe: SIGINT: stopping at the end of this batch {what}(Ctrl-C again: stop now, "
+                  "without saving)", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)  # Lightning's pre-emption path: batch boundary, all ranks
+
+    # ---- the stop ----------------------------------------------------------------------------
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._release_sigint()
+        if not isinstance(exception, SIGTERMException):
+            return
+        exception.vitpipe_signal = int(self._signal or signal.SIGTERM)
+        exception.vitpipe_stage = trainer.state.fn.value if trainer.state.fn else "?"
+        exception.vitpipe_checkpoint = None
+        exception.vitpipe_step = trainer.global_step
+        if trainer.state.fn != TrainerFn.FITTING:
+            return  # testing/validating: there is no training state to save
+        path = _checkpoint_dir(trainer) / self.filename
         trainer.save_checkpoint(path)  # collective under DDP: every rank got the SIGTERM broadcast
-        self.saved_path = str(path)
-        rank_zero_info(f"SIGTERM at global step {trainer.global_step}: saved {path}; resume with ckpt_path=last")
+        self.saved_path = exception.vitpipe_checkpoint = str(path)
+
+    # ---- resume --------------------------------------------------------------------------------
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if trainer.is_global_zero:
+            dirs = {Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)}
+            for d in dirs | {_checkpoint_dir(trainer), Path(trainer.default_root_dir)}:
+                remove_stale_temp_files(d)
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        if trainer.state.fn != TrainerFn.FITTING or not trainer.is_global_zero:
+            return
+        path = trainer.ckpt_path
+        if path:
+            remove_stale_temp_files(Path(path).parent)  # the interrupted run's directory
+        print(f"vitpipe: resuming from {path} at epoch {checkpoint.get('epoch')}, "
+              f"global step {checkpoint.get('global_step')}", flush=True)
+
+
+def _checkpoint_dir(trainer) -> Path:
+    cb = trainer.checkpoint_callback
+    return Path(cb.dirpath) if cb is not None and cb.dirpath else Path(trainer.default_root_dir) / "checkpoints"
 
 
 class SignalAtStep(L.Callback):
-    """Deliver ``signum`` to this process after optimizer step ``step`` (rehearse a pre-emption)."""
+    """Deliver ``signum`` to this process after optimizer step ``step`` (rehearse a pre-emption,
+    a Ctrl-C or a ``kill -9``), or with ``stage=test`` after test batch ``step``."""
 
-    def __init__(self, step: int, signum: int = int(signal.SIGTERM)) -> None:
-        self.step, self.signum = step, signum
+    def __init__(self, step: int, signum: int = int(signal.SIGTERM), stage: str = "train") -> None:
+        if stage not in ("train", "test"):
+            raise ValueError(f"stage={stage!r}; valid: train, test")
+        self.step, self.signum, self.stage = step, int(signum), stage
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self.step and trainer.is_global_zero:
+        if self.stage == "train" and trainer.global_step == self.step and trainer.is_global_zero:
+            os.kill(os.getpid(), self.signum)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if self.stage == "test" and batch_idx == self.step and trainer.is_global_zero:
             os.kill(os.getpid(), self.signum)
