@@ -144,9 +144,10 @@ class MultiHeadAttention(nn.Module):
         rope: (cos, sin), each (N, head_dim), rotary phases of q and k (self-attention only).
         Returns (B, N, dim), or (out, weights (B, heads, N, M)) when ``need_weights``.
         """
-        if (context is None) == self.is_cross or (self.is_cross and rope is not None):
-            raise ValueError(f"this attention was built for {'cross' if self.is_cross else 'self'}-attention "
-                             "(context_dim given: pass context=, no rope; context_dim=None: no context)")
+        if self.is_cross and (context is None or rope is not None):
+            raise ValueError("cross-attention (built with context_dim) needs context= and takes no rope")
+        if not self.is_cross and context is not None:
+            raise ValueError("self-attention (built with context_dim=None) takes no context; set context_dim for cross")
         q, k, v = self._cross_qkv(x, context, cache) if self.is_cross else self._self_qkv(x, cache, rope)
         out, weights = self._attend(q, k, v, attn_mask, key_padding_mask, is_causal, need_weights)
         out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)  # (B, N, dim)
