@@ -26,7 +26,8 @@ from vitpipe.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = [*TINY, "logger=none", "trainer.max_epochs=2", "trainer.limit_train_batches=4", "data.batch_size=16",
-          "trainer.deterministic=true", "model.drop_path_rate=0.0", "callbacks.model_checkpoint.last_every_n_train_steps=3"]
+          "trainer.deterministic=true", "model.drop_path_rate=0.0",
+          "callbacks.model_checkpoint.last_every_n_train_steps=3"]
 UMASK = 0o027  # neither mkstemp's 0600 nor the usual 0644: the files must follow it
 
 
@@ -164,13 +165,14 @@ def test_checkpoints_and_run_files_follow_the_umask(runs):
 # ---- in process: a finished run whose best epoch came first, then SIGTERM during its test -------
 
 
-def test_last_ckpt_holds_the_final_step_when_the_best_epoch_was_earlier_and_sigterm_in_test_claims_nothing(
-        cfg_factory, capsys):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_last_ckpt_holds_the_final_step_when_the_best_epoch_was_earlier_and_a_stop_in_test_claims_nothing(
+        cfg_factory, capsys, signum):
     # monitor=step, mode=min: the first epoch is the best for sure (with val/acc it is chance)
     cfg = cfg_factory("debug=fast", "logger=none", "trainer.max_epochs=3", "callbacks.model_checkpoint.monitor=step",
                       "callbacks.model_checkpoint.mode=min", "callbacks.progress_bar.refresh_rate=1000",
                       "+callbacks.kill._target_=vitpipe.lit.checkpointing.SignalAtStep", "+callbacks.kill.stage=test",
-                      "+callbacks.kill.step=0")
+                      "+callbacks.kill.step=0", f"+callbacks.kill.signum={int(signum)}")
     with pytest.raises(SystemExit) as stop:
         run_cli(train, cfg)
     ckpts = Path(cfg.paths.output_dir) / "checkpoints"
@@ -179,10 +181,35 @@ def test_last_ckpt_holds_the_final_step_when_the_best_epoch_was_earlier_and_sigt
     assert best["global_step"] == 2 and sorted(p.name for p in ckpts.iterdir()) == ["epoch_000.ckpt", "last.ckpt"]
     assert last["global_step"] == 6 and last["epoch"] == 2  # 3 epochs x 2 steps: the final state
 
-    assert stop.value.code == 128 + signal.SIGTERM
+    assert stop.value.code == 128 + signum
     err = capsys.readouterr().err
-    line = [x for x in err.splitlines() if x.startswith("vitpipe:")]
-    assert line == ["vitpipe: stopped by SIGTERM during test; no checkpoint was written by the stop"], err[-2000:]
+    lines = [x for x in err.splitlines() if x.startswith("vitpipe: stopped")]
+    assert lines == [f"vitpipe: stopped by {signum.name} during test; no checkpoint was written by the stop"], err[-2000:]
+
+
+class CtrlCTwice(L.Callback):
+    """At optimizer step ``step``: Ctrl-C twice, before the first one reaches the batch boundary."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            for _ in range(2):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.01)  # let the handler run in between
+
+
+def test_ctrl_c_twice_stops_at_once_without_saving(cfg_factory, capsys):
+    cfg = cfg_factory("debug=fast", "logger=none", "test=false", "callbacks.progress_bar.refresh_rate=1000",
+                      "+callbacks.twice._target_=test_faults.CtrlCTwice", "+callbacks.twice.step=1")
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(SystemExit) as stop:
+        run_cli(train, cfg)
+    assert stop.value.code == 128 + signal.SIGINT
+    assert "vitpipe: interrupted by SIGINT (pressed twice" in capsys.readouterr().err
+    assert not list((Path(cfg.paths.output_dir) / "checkpoints").glob("*.ckpt"))  # step 1 of 2: nothing saved
+    assert signal.getsignal(signal.SIGINT) is before  # the handler is given back
 
 
 # ---- a full disk ------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from vitpipe.errors import ConfigError
-from vitpipe.lit.checkpointing import DiskFullError, disk_full_cause
+from vitpipe.lit.checkpointing import DiskFullError, SecondInterrupt, disk_full_cause
 from vitpipe.lit.classifier import NonFiniteLossError
 
 EXIT_CONFIG, EXIT_NONFINITE, EXIT_DISK_FULL = 2, 3, 74
@@ -32,8 +32,9 @@ def run_cli(fn, cfg):
     except SIGTERMException as e:
         print(stop_message(e), file=sys.stderr)
         sys.exit(128 + getattr(e, "vitpipe_signal", signal.SIGTERM))  # what a job killed by it reports
-    except KeyboardInterrupt:  # Ctrl-C outside a Trainer stage, or pressed twice
-        print("vitpipe: interrupted by SIGINT; nothing was saved by the interrupt", file=sys.stderr)
+    except (KeyboardInterrupt, SecondInterrupt) as e:  # Ctrl-C outside a Trainer stage, or pressed twice
+        why = " (pressed twice: stopped at once)" if isinstance(e, SecondInterrupt) else ""
+        print(f"vitpipe: interrupted by SIGINT{why}; nothing was saved by the interrupt", file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
     except Exception as e:
         full = disk_full_cause(e)

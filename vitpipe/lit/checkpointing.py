@@ -203,6 +203,14 @@ class BestAndLastCheckpoint(ModelCheckpoint):
 _NOT_CAUGHT = object()
 
 
+class SecondInterrupt(BaseException):
+    """Ctrl-C pressed again before the first one reached a batch boundary: stop now, save nothing.
+
+    Not a ``KeyboardInterrupt``: Lightning turns that into ``sys.exit(1)``; this one reaches
+    ``vitpipe.cli``, which exits 130 like any Ctrl-C.
+    """
+
+
 class PreemptionCheckpoint(L.Callback):
     """Stops and resumes.
 
@@ -257,7 +265,7 @@ class PreemptionCheckpoint(L.Callback):
     def _on_sigint(self, signum, frame) -> None:
         if self._signal == signal.SIGINT:  # pressed twice: stop now, without saving
             self._release_sigint()
-            raise KeyboardInterrupt
+            raise SecondInterrupt("Ctrl-C pressed twice: stopped at once, nothing saved")
         self._signal = signal.SIGINT
         if self._trainer is None or self._trainer.is_global_zero:
             fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
