@@ -18,7 +18,7 @@ import tiny_checkpoints as tc
 from conftest import make_cfg
 from vitpipe.checkpoint import load_checkpoint, rebuild
 from vitpipe.errors import ConfigError
-from vitpipe.predict import predict
+from vitpipe.predict import label_names, predict
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS_MEAN, DIGITS_STD = 0.3053, 0.3759
@@ -195,6 +195,14 @@ def test_captioner_writes_path_caption(ckpts, tmp_path):
         ids = run.net.generate(x, beam_size=2)
         assert r["caption"] == run.module.tokenizer.batch_decode(ids)[0]
         assert r["caption"].strip()
+
+
+def test_class_names_fall_back_to_indices_with_a_note(capsys):
+    assert label_names(["cat", "dog"], 2) == ["cat", "dog"]
+    assert label_names(None, 3) == ["0", "1", "2"]
+    assert label_names(["cat"], 2) == ["0", "1"]
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "no class names" in err[0] and "1 class names for 2 classes" in err[1]
 
 
 def test_mistakes_are_one_line(ckpts, tmp_path):

@@ -179,13 +179,10 @@ def write_rows(rows: list[dict], cols: list[str], out: Path) -> Path:
 
 def check_options(cfg: DictConfig) -> None:
     """Everything checkable before the checkpoint is read."""
-    for key in ("topk", "batch_size"):
+    for key, minimum in (("topk", 1), ("batch_size", 1), ("num_workers", 0)):
         v = cfg.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"{key}={v!r}: expected an int >= 1")
-    if cfg.num_workers is None or isinstance(cfg.num_workers, bool) or not isinstance(cfg.num_workers, int) \
-            or cfg.num_workers < 0:
-        raise ConfigError(f"num_workers={cfg.num_workers!r}: expected an int >= 0")
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ConfigError(f"{key}={v!r}: expected an int >= {minimum}")
     if cfg.tta not in TTA:
         raise ConfigError(f"tta={cfg.tta!r}; valid choices: {', '.join(TTA)}")
     if Path(str(cfg.out)).suffix.lower() not in OUT_SUFFIXES:
@@ -212,12 +209,9 @@ def predict(cfg: DictConfig) -> Path:
     loader = DataLoader(ImageFiles(files, preprocess), batch_size=cfg.batch_size, num_workers=cfg.num_workers,
                         collate_fn=_collate)
 
-    rows, bad = [], 0
+    rows, bad, names = [], 0, None
     if captioner:
         cols, tokenizer, hp = ["path", "caption"], built.module.tokenizer, built.module.hparams
-    else:
-        names = label_names(built.class_names, net.num_classes)
-        cols = columns(cfg.topk, len(names))
     with torch.inference_mode():
         for indices, x, failed in tqdm(loader, desc="predict", unit="batch", file=sys.stderr):
             for i, why in failed:
@@ -231,6 +225,9 @@ def predict(cfg: DictConfig) -> Path:
                 rows += [{"path": p, "caption": c} for p, c in zip(paths, tokenizer.batch_decode(ids))]
             else:
                 probs = class_probs(net, x, tta=cfg.tta, temperature=temperature or 1.0)
+                if names is None:  # the class count as the network reports it
+                    names = label_names(built.class_names, probs.shape[1])
+                    cols = columns(cfg.topk, len(names))
                 rows += class_rows(paths, probs.cpu(), names, cfg.topk)
     if not rows:
         raise ConfigError(f"images={cfg.images}: none of the {len(files)} file(s) could be read as an image")
