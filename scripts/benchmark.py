@@ -127,8 +127,8 @@ def recipe(cfg: BenchConfig, *, batches: int = 1, native_size: int | None = None
         f"data.test_length={cfg.batch_size}", f"data.batch_size={cfg.batch_size}", "data.val_split=0",
         f"data.seed={cfg.seed}", f"++data.pin_memory={cfg.device == 'cuda'}", f"compile={cfg.compile}",
         f"trainer={'gpu' if cfg.device == 'cuda' else 'cpu'}", f"trainer.precision={cfg.precision}",
-        "trainer.default_root_dir=null", "trainer.limit_val_batches=0",
-    ]
+        "trainer.limit_val_batches=0", f"paths.root_dir={CONF.parent}", "paths.output_dir=${paths.log_dir}/benchmark",
+    ]  # paths: what @hydra.main would fill in; nothing is written there (no logger, no checkpoints)
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="train", overrides=overrides)
