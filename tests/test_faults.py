@@ -184,7 +184,8 @@ def test_last_ckpt_holds_the_final_step_when_the_best_epoch_was_earlier_and_a_st
     assert stop.value.code == 128 + signum
     err = capsys.readouterr().err
     lines = [x for x in err.splitlines() if x.startswith("vitpipe: stopped")]
-    assert lines == [f"vitpipe: stopped by {signum.name} during test; no checkpoint was written by the stop"], err[-2000:]
+    want = f"vitpipe: stopped by {signum.name} during test; no checkpoint was written by the stop"
+    assert lines == [want], err[-2000:]
 
 
 class CtrlCTwice(L.Callback):

@@ -81,8 +81,9 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write(f)`` on a temporary file beside ``path``, then rename it to ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path.name))
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path.name))
         os.fchmod(fd, 0o666 & ~_umask())  # teammates read checkpoints as they read the user's other files
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -90,21 +91,27 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         full = disk_full_cause(e)
         if full is not None:
             raise DiskFullError(full.errno, path) from e
         raise
-    try:  # make the rename itself durable (a power cut after it keeps the new file)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename durable: after a power cut the directory entry points at the new file."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
     except OSError:
         return
     try:
-        os.fsync(dir_fd)
+        os.fsync(fd)
     except OSError:
-        pass
+        pass  # some file systems refuse fsync on directories; the rename is still atomic
     finally:
-        os.close(dir_fd)
+        os.close(fd)
 
 
 _TEMP_NAME = re.compile(r"\..+\.tmp-(?P<host>.+)-(?P<pid>\d+)-[a-z0-9_]+")
