@@ -303,12 +303,8 @@ def rebuild(checkpoint: dict, path, *, data: DictConfig | None = None, paths: Di
                     node[key] = None  # no download / second file: the checkpoint holds every weight
     _check_data_fits(cfg, path, given=data is not None)
 
-    tokenizer = None
-    if "tokenizer" in checkpoint:
-        from vitpipe.text.tokenizer import WordTokenizer
-
-        tokenizer = WordTokenizer.from_state_dict(checkpoint["tokenizer"])
-    dm = _datamodule(cfg, path, required=need_data or data is not None, check=need_data)
+    tokenizer = _tokenizer(checkpoint, path)
+    dm = _datamodule(cfg, path, given=data is not None, need_data=need_data)
     if dm is not None and tokenizer is not None and hasattr(type(dm), "tokenizer"):  # the class: no getter call
         dm.tokenizer = tokenizer  # the vocabulary the model was trained with, not rebuilt from the data
     if dm is not None and hasattr(dm, "model_kwargs"):
@@ -366,19 +362,35 @@ def _data_label(data: DictConfig) -> str:
     return str(data.get("_target_", "?")).rsplit(".", 1)[-1]
 
 
-def _datamodule(cfg: DictConfig, path: Path, *, required: bool, check: bool):
+def _tokenizer(checkpoint: dict, path: Path):
+    if "tokenizer" not in checkpoint:
+        return None
+    from vitpipe.text.tokenizer import WordTokenizer
+
+    try:
+        return WordTokenizer.from_state_dict(checkpoint["tokenizer"])
+    except Exception:  # noqa: BLE001 - whatever is wrong with it, the file is at fault
+        raise ConfigError(f"checkpoint {path} holds a tokenizer that cannot be read; "
+                          "use a checkpoint written by scripts/train.py") from None
+
+
+def _datamodule(cfg: DictConfig, path: Path, *, given: bool, need_data: bool):
     if cfg.data is None:
-        if required:
+        if need_data:
             raise ConfigError(f"{path} stores no data config; pass data=<name>")
         return None
     try:
         dm = instantiate_checked(cfg.data, "data")
-        if check and hasattr(dm, "check"):
+        if need_data and hasattr(dm, "check"):
             dm.check()  # the files exist (or download is on) before the model is built
         return dm
     except ConfigError as e:
-        if required:
+        if given:
             raise
+        if need_data:
+            hint = "; data roots are never taken from a checkpoint: pass data=<name> (and data.root)" \
+                if cfg.data.get("root") is not None else ""
+            raise ConfigError(f"{e}{hint}") from None
         log.warning("checkpoint %s: its data module cannot be built here (%s); continuing without it", path,
                     str(e).splitlines()[0])
         return None
