@@ -230,7 +230,8 @@ def _stored_data(data: dict, stored_paths, data_dir: str, path) -> dict:
     data = copy.deepcopy(data)
     for key, value in data.items():
         if key != "root" and isinstance(value, str) and _escapes(value):
-            raise ConfigError(f"refused checkpoint {path}: its stored data.{key}={value!r} points outside the data root")
+            raise ConfigError(f"refused checkpoint {path}: its stored data.{key}={value!r} points outside the "
+                              "data root")
     for split, spec in (data.get("splits") or {}).items():
         for key, value in (spec or {}).items() if isinstance(spec, dict) else ():
             if isinstance(value, str) and _escapes(value):

@@ -88,7 +88,8 @@ def resume_path(cfg: DictConfig, net) -> str | None:
     path = resolve_ckpt_path(cfg.ckpt_path, log_dir=Path(cfg.paths.log_dir) / cfg.task_name, which="last")
     checkpoint = load_checkpoint(path)
     check_fits(checkpoint["state_dict"], net, path)
-    log.info("resuming from %s (epoch %s, global step %s)", path, checkpoint.get("epoch"), checkpoint.get("global_step"))
+    log.info("resuming from %s (epoch %s, global step %s)", path, checkpoint.get("epoch"),
+             checkpoint.get("global_step"))
     return str(path)
 
 
