@@ -26,9 +26,7 @@ from vitpipe.report.predictions import read_predictions
 # matrix and the mistakes are not one column; the whole test split (360 digits) is evaluated.
 RUN = ["debug=fast", "logger=none", "model.patch_size=4", "data.augment=false", "trainer.max_epochs=2",
        "trainer.limit_train_batches=20", "trainer.limit_test_batches=1.0", "callbacks.progress_bar.refresh_rate=1000",
-       "callbacks.model_checkpoint.save_top_k=-1",
-       "+callbacks.history._target_=vitpipe.report.HistoryCallback",
-       "+callbacks.report._target_=vitpipe.report.ReportCallback"]
+       "callbacks.model_checkpoint.save_top_k=-1"]
 DIGITS_TEST = 360
 
 
@@ -268,3 +266,14 @@ def test_tta_hflip_averages_the_softmax_of_the_image_and_its_mirror_and_temperat
     torch.testing.assert_close(tta, (plain + mirror) / 2)
     torch.testing.assert_close(scaled.softmax(-1), (plain.log() / 2).softmax(-1))
     torch.testing.assert_close(after, plain)  # the hooks are gone afterwards
+
+
+def test_early_stopping_option_stops_when_the_monitored_metric_stalls(tmp_path):
+    from vitpipe.train import train
+
+    # min_delta 1.0: no epoch can improve val/acc by that much, so patience 1 stops after epoch 1
+    cfg = make_cfg(tmp_path, ["debug=fast", "logger=none", "test=false", "trainer.max_epochs=5",
+                              "callbacks=early_stopping", "callbacks.early_stopping.patience=1",
+                              "callbacks.early_stopping.min_delta=1.0", "callbacks.progress_bar.refresh_rate=1000"])
+    train(cfg)
+    assert [r["epoch"] for r in read_history(Path(cfg.paths.output_dir) / "history.csv")] == [0, 1]
