@@ -277,3 +277,32 @@ def test_early_stopping_option_stops_when_the_monitored_metric_stalls(tmp_path):
                               "callbacks.early_stopping.min_delta=1.0", "callbacks.progress_bar.refresh_rate=1000"])
     train(cfg)
     assert [r["epoch"] for r in read_history(Path(cfg.paths.output_dir) / "history.csv")] == [0, 1]
+
+
+def test_ddp_two_processes_write_each_test_image_once(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "ddp"
+    # 101 test images: unequal shards (51 and 50), which a padded sampler would round up to 2 x 51
+    args = ["debug=fast", "logger=none", "trainer=ddp_cpu", "trainer.devices=2", "trainer.limit_train_batches=1",
+            "trainer.limit_val_batches=1", "trainer.limit_test_batches=1.0", "data=synthetic", "data.length=64",
+            "data.test_length=101", "data.native_size=8", "data.eval_batch_size=16",
+            "callbacks.progress_bar.refresh_rate=1000", f"hydra.run.dir={out}"]
+    r = subprocess.run([sys.executable, str(root / "scripts" / "train.py"), *args], capture_output=True, text=True,
+                       timeout=600, cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = _csv(out / "predictions.csv")
+    assert sorted(int(r["index"]) for r in rows) == list(range(101))  # every image, once
+    from vitpipe.data import SyntheticDataModule
+
+    dm = SyntheticDataModule(img_size=8, in_chans=3, num_classes=10, channels=3, native_size=8, length=64,
+                             test_length=101)
+    dm.setup("test")
+    assert [int(r["target"]) for r in rows] == dm.data_test.labels.tolist()  # each index names its image
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert np.mean([r["target"] == r["pred"] for r in rows]) == pytest.approx(metrics["test/acc"], abs=1e-6)
+    assert read_predictions(out / "predictions.csv").ece() == pytest.approx(metrics["test/ece"], abs=1e-4)
+    assert (out / "report" / "report.md").is_file()
