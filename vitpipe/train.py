@@ -7,7 +7,6 @@ config alone is checked before any data loads.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import lightning as L
@@ -25,8 +24,6 @@ from vitpipe.config import (
 )
 from vitpipe.errors import ConfigError
 from vitpipe.runinfo import ConfigInCheckpoint, collect_metrics, finish_loggers, print_summary, write_run_files
-
-log = logging.getLogger(__name__)
 
 
 def build(cfg: DictConfig, *, checkpoint: dict | None = None):
@@ -87,9 +84,7 @@ def resume_path(cfg: DictConfig, net) -> str | None:
         return None
     path = resolve_ckpt_path(cfg.ckpt_path, log_dir=Path(cfg.paths.log_dir) / cfg.task_name, which="last")
     checkpoint = load_checkpoint(path)
-    check_fits(checkpoint["state_dict"], net, path)
-    log.info("resuming from %s (epoch %s, global step %s)", path, checkpoint.get("epoch"),
-             checkpoint.get("global_step"))
+    check_fits(checkpoint["state_dict"], net, path)  # PreemptionCheckpoint prints the step when fit loads it
     return str(path)
 
 
