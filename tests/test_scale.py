@@ -21,10 +21,11 @@ TINY = ["debug=fast", "trainer.limit_val_batches=1", "test=false", "callbacks.mo
         "callbacks.model_checkpoint.save_top_k=0", "callbacks.progress_bar.refresh_rate=1000"]
 
 
-def _train_cli(*args, timeout=600, multirun=False):
-    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *(["-m"] if multirun else []), *args]
+def _train_cli(*args, timeout=600, multirun=False, script="train.py", env=None):
+    cmd = [sys.executable, str(ROOT / "scripts" / script), *(["-m"] if multirun else []), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+                               **(env or {})})
 
 
 def _last(run_dir: Path) -> dict:
@@ -189,22 +190,33 @@ def test_nonfinite_loss_stops_naming_the_step_or_is_skipped(cfg_factory, policy)
         trainer.fit(module, dm)
         assert module.skipped_batches == 1  # the NaN batch was dropped (its optimizer step had no gradients)
         assert all(torch.isfinite(p).all() for p in net.parameters())
+        # AdamW never saw the dropped step: 4 batches, 3 updates of every parameter (moments included)
+        assert {int(s["step"]) for s in trainer.optimizers[0].state.values()} == {3}
+        assert trainer.callback_metrics["train/skipped_batches"] == 1
 
 
-def test_lr_scaling_rule_and_effective_batch(cfg_factory, capsys):
+@pytest.mark.parametrize("rule, factor", [("none", 1.0), ("linear", 2.0), ("sqrt", 2.0 ** 0.5)])
+def test_lr_scaling_rule_and_effective_batch(cfg_factory, capsys, rule, factor):
+    """Effective batch 32 x 4 devices x 2 accumulation = 256 against a base of 128: the linear rule
+    doubles the lr, sqrt multiplies it by sqrt(2), none leaves it."""
     from vitpipe.config import apply_lr_scaling
 
-    cfg = cfg_factory("lr_scaling.rule=linear", "lr_scaling.base_batch_size=256", "data.batch_size=32")
-    base_lr = cfg.module.optimizer.lr
+    cfg = cfg_factory(f"lr_scaling.rule={rule}", "lr_scaling.base_batch_size=128", "data.batch_size=32",
+                      "module.optimizer.lr=0.001")
     fake = SimpleNamespace(accumulate_grad_batches=2, world_size=4, num_devices=4, num_nodes=1, is_global_zero=True)
     apply_lr_scaling(cfg, fake)
-    assert cfg.module.optimizer.lr == pytest.approx(base_lr * 256 / 256)
-    assert "effective batch 256 = 32 per device x 4 device(s) x 1 node(s) x 2 accumulation" in capsys.readouterr().out
-    cfg = cfg_factory("lr_scaling.rule=sqrt", "data.batch_size=16", "lr_scaling.base_batch_size=64")
-    base_lr = cfg.module.optimizer.lr
+    assert cfg.module.optimizer.lr == pytest.approx(0.001 * factor, rel=1e-9)
+    out = capsys.readouterr().out
+    assert "effective batch 256 = 32 per device x 4 device(s) x 1 node(s) x 2 accumulation" in out
+    assert f"lr {0.001 * factor:.3g} (lr_scaling.rule={rule}" in out
+    # a smaller effective batch scales down: 16 / 64 -> x0.25 (linear), x0.5 (sqrt); other ranks print nothing
+    cfg = cfg_factory(f"lr_scaling.rule={rule}", "data.batch_size=16", "lr_scaling.base_batch_size=64",
+                      "module.optimizer.lr=0.001")
     apply_lr_scaling(cfg, SimpleNamespace(accumulate_grad_batches=1, world_size=1, num_devices=1, num_nodes=1,
                                           is_global_zero=False))
-    assert cfg.module.optimizer.lr == pytest.approx(base_lr * (16 / 64) ** 0.5)
+    down = {"none": 1.0, "linear": 0.25, "sqrt": 0.5}[rule]
+    assert cfg.module.optimizer.lr == pytest.approx(0.001 * down, rel=1e-9)
+    assert capsys.readouterr().out == ""
 
 
 def test_sweeper_and_launcher_configs_compose(cfg_factory):

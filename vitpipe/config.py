@@ -8,6 +8,7 @@ from pathlib import Path
 import hydra
 import torch
 from hydra.errors import InstantiationException
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
@@ -29,7 +30,11 @@ if not OmegaConf.has_resolver("auto_precision"):
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Cross-group checks that need no data: a mismatch here would otherwise surface mid-run."""
+    """Checks that need no data (a mistake here would otherwise surface mid-run): every value
+    against what it builds (``vitpipe.validate``), then the cross-group ones."""
+    from vitpipe.validate import check_values
+
+    check_values(cfg)
     try:
         model_n, data_n = cfg.model.get("num_classes"), cfg.data.get("num_classes")
     except MissingMandatoryValue as e:
@@ -51,8 +56,11 @@ def instantiate_checked(node: DictConfig, key: str, **kwargs):
         cause = e.__cause__
         while isinstance(cause, InstantiationException) and cause.__cause__ is not None:
             cause = cause.__cause__
-        if isinstance(cause, (ValueError, FileNotFoundError, TypeError)):
-            raise ConfigError(f"{key}: {cause}") from cause
+        if str(e).startswith("Error locating target"):
+            raise ConfigError(f"{key}._target_={node.get('_target_')!r} cannot be imported") from None
+        if isinstance(cause, (ValueError, FileNotFoundError, TypeError, ImportError, MisconfigurationException)):
+            lines = str(cause).strip().splitlines()
+            raise ConfigError(f"{key}: {lines[0] if lines else type(cause).__name__}") from cause
         raise
 
 

@@ -1,0 +1,146 @@
+"""Config mistakes stop before any data loads, with one line naming the key; every model argument
+can be overridden without `+`; the shipped configs pass the same checks."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from omegaconf import OmegaConf, open_dict
+
+from test_scale import _train_cli
+from vitpipe.cli import run_cli
+from vitpipe.config import check_config
+from vitpipe.errors import ConfigError
+from vitpipe.models.registry import VARIANTS
+from vitpipe.models.vit import ViT
+
+MISTAKES = [  # (override, what the one line must say)
+    ("module.optimizer.lr=-1", "module.optimizer.lr=-1 must be a number > 0"),
+    ("module.optimizer.lr=0", "module.optimizer.lr=0 must be a number > 0"),
+    ("data.batch_size=abc", "data.batch_size='abc': DigitsDataModule expects batch_size: int"),
+    ("data.batch_size=0", "data.batch_size=0 must be a positive integer"),
+    ("data.eval_batch_size=-4", "data.eval_batch_size=-4"),
+    ("trainer.max_epochs=abc", "trainer.max_epochs='abc': Trainer expects max_epochs"),
+    ("trainer.max_epochs=-5", "trainer.max_epochs=-5"),
+    ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches=0"),
+    ("lr_scaling.base_batch_size=0", "lr_scaling.base_batch_size=0"),
+    ("module.optimizer.betas=[1.5,0.9]", "module.optimizer: ValueError: Invalid beta parameter at index 0: 1.5"),
+    ("+module.optimizer.momentum=0.9", "module.optimizer.momentum is not an argument of AdamW"),
+    ("+model.dpeth=3", "model.dpeth is not an argument of create_model"),
+    ("model.depth=6.5", "model.depth=6.5: create_model expects depth: int"),
+    ("module.label_smoothing=1.5", "module.label_smoothing=1.5"),
+    ("data.img_size=${model.nope}", "data.img_size: Interpolation key 'model.nope' not found"),
+]
+
+
+@pytest.mark.parametrize("override, message", MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_config_mistake_is_one_line_naming_the_key_before_data_loads(cfg_factory, capsys, monkeypatch,
+                                                                       override, message):
+    import vitpipe.train
+
+    def no_build(*a, **k):
+        raise AssertionError("the data and model were built before the mistake was reported")
+
+    monkeypatch.setattr(vitpipe.train, "build", no_build)
+    cfg = cfg_factory("debug=fast", "logger=none", override)
+    with pytest.raises(SystemExit) as stop:
+        run_cli(vitpipe.train.train, cfg)
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) <= 3 and lines[-1].startswith(f"vitpipe: error: {message}"), lines
+
+
+def test_a_target_that_does_not_exist_is_one_line(cfg_factory, capsys):
+    from vitpipe.train import train
+
+    cfg = cfg_factory("debug=fast", "logger=none", "model._target_=vitpipe.nope")
+    with pytest.raises(SystemExit) as stop:
+        run_cli(train, cfg)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "vitpipe: error: model._target_='vitpipe.nope' cannot be imported")
+
+
+@pytest.mark.parametrize("override, key", [("module.optimizer.lr=-1", "module.optimizer.lr=-1"),
+                                           ("data.batch_size=abc", "data.batch_size='abc'")])
+def test_config_mistake_through_the_real_cli_prints_at_most_three_lines(tmp_path, override, key):
+    r = _train_cli("debug=fast", "logger=none", override, f"hydra.run.dir={tmp_path}", timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert len(lines) <= 3, lines
+    assert lines[-1].startswith(f"vitpipe: error: {key}")
+
+
+def _non_default(name: str, default):
+    """A valid value other than the ViT default for each argument."""
+    special = {"pos_embed": "rope2d", "stem": "conv", "pool": "mean", "class_token": False, "reg_tokens": 2,
+               "init_values": 1e-5, "img_size": 16, "patch_size": 4, "in_chans": 3, "num_classes": 10,
+               "dim": 48, "depth": 6, "num_heads": 3, "mlp_ratio": 2.0}
+    if name in special:
+        return special[name]
+    if isinstance(default, bool):
+        return not default
+    return 0.1 if isinstance(default, float) else default
+
+
+VIT_ARGS = {n: p.default for n, p in inspect.signature(ViT).parameters.items()}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_vit_argument_is_overridable_without_plus(cfg_factory, variant):
+    """`model.depth=6`-style overrides compose for every ViT argument (the README's examples
+    included), and each model config states its variant's dimensions exactly."""
+    overrides = {n: _non_default(n, d) for n, d in VIT_ARGS.items()}
+    args = [f"model.{n}={v if not isinstance(v, bool) else str(v).lower()}" for n, v in overrides.items()]
+    cfg = cfg_factory(f"model={variant}", *args)  # raises "not in struct" for a missing key
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    assert set(VIT_ARGS) <= set(model), set(VIT_ARGS) - set(model)
+    assert {n: model[n] for n in overrides} == overrides
+    check_config(cfg)  # the values fit ViT's signature
+
+    plain = OmegaConf.to_container(cfg_factory(f"model={variant}", sub="plain").model, resolve=False)
+    assert {k: plain[k] for k in VARIANTS[variant]} == VARIANTS[variant]  # the registry's dimensions
+
+
+def test_readme_model_override_builds_what_it_says(cfg_factory):
+    from hydra.utils import instantiate
+
+    cfg = cfg_factory("model.pos_embed=sincos2d", "model.depth=6", "model.qk_norm=true", "model.reg_tokens=2",
+                      "model.mlp_ratio=2")
+    net = instantiate(cfg.model)
+    assert len(net.blocks) == 6 and net.num_prefix_tokens == 3 and net.blocks[0].mlp.fc1.out_features == 2 * net.dim
+    assert type(net.pos_embed).__name__ == "SinCos2DPosEmbed" and isinstance(net.blocks[0].attn.q_norm, torch.nn.LayerNorm)
+
+
+SHIPPED = [  # together these use every option of the groups a run composes
+    ["model=vit_b16", "data=cifar10", "trainer=ddp", "logger=[csv,tensorboard,wandb]", "callbacks=rollout",
+     "module.ema_decay=0.999", "+module.mixup={mixup_alpha: 0.8, cutmix_alpha: 1.0}"],
+    ["experiment=caption_shapes", "trainer=ddp_cpu", "debug=fast"],
+    ["experiment=caption_shapes", "data=coco_captions", "trainer=gpu"],
+    ["experiment=fmnist_vit", "trainer=fsdp", "model=vit_h14"],
+    ["experiment=cifar10_vit", "data=cifar100", "hparams_search=optuna", "logger=none"],
+    ["model=vit_ti16", "data=imagefolder", "data.num_classes=3", "data.root=/x", "trainer=cpu", "debug=default"],
+    ["model=vit_micro", "data=synthetic", "lr_scaling.rule=sqrt"],
+]
+
+
+@pytest.mark.parametrize("overrides", SHIPPED, ids=[" ".join(o[:2]) for o in SHIPPED])
+def test_shipped_configs_pass_the_checks(cfg_factory, overrides):
+    check_config(cfg_factory(*overrides))
+
+
+def test_checks_never_import_a_target_outside_the_trusted_libraries(cfg_factory):
+    """A stored config may name any callable: the checks read signatures only of vitpipe, torch,
+    timm and lightning, and import nothing else (instantiate runs after the loaders' own checks)."""
+    import sys
+
+    from vitpipe.validate import check_values
+
+    cfg = cfg_factory("debug=fast")
+    with open_dict(cfg):
+        cfg.callbacks.evil = {"_target_": "tabnanny.check", "file": "/nonexistent"}
+    assert "tabnanny" not in sys.modules
+    check_values(cfg)  # nothing to judge about a target it does not read
+    assert "tabnanny" not in sys.modules

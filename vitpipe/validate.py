@@ -1,0 +1,219 @@
+"""Check a composed config against what it will build, before anything is built or loaded.
+
+A mistake such as ``data.batch_size=abc`` or ``module.optimizer.lr=-1`` used to surface after
+the data had loaded, as a traceback that never named the key. Every check here raises a
+``ConfigError`` of one line naming the key and the bad value:
+
+- **arguments**: each node with a ``_target_`` is compared with the signature of what it builds:
+  a value must fit the argument's annotation (``batch_size: int``), and a key the target does not
+  take is refused (the partial optimizer would otherwise fail only once training starts);
+- **ranges** that an annotation cannot say (``RANGES``: a learning rate > 0, batch sizes >= 1, ...);
+- **the optimizer and scheduler** are built once on a dummy parameter, so their own checks
+  (betas, eps, ...) run now.
+
+Only targets inside the libraries vitpipe builds from (``TRUSTED``) are looked up here; anything
+else is left to the loaders' own checks and to ``hydra.utils.instantiate``: a config, possibly read
+from a checkpoint, never makes this module import a package.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import importlib
+import inspect
+import types
+import typing
+from typing import Any, Callable
+
+import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+from vitpipe.errors import ConfigError
+
+TRUSTED = ("vitpipe.", "torch.", "timm.", "lightning.")
+HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# key -> (holds, what a valid value is); a key a config does not have is not checked
+RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "module.optimizer.lr": (lambda v: _number(v) and v > 0, "must be a number > 0"),
+    "data.batch_size": (lambda v: _int(v) and v >= 1, "must be a positive integer"),
+    "data.eval_batch_size": (lambda v: v is None or (_int(v) and v >= 1), "must be a positive integer or null"),
+    "data.num_workers": (lambda v: _int(v) and v >= 0, "must be an integer >= 0"),
+    "trainer.max_epochs": (lambda v: v is None or (_int(v) and v >= -1), "must be an integer >= 0 (-1: no limit)"),
+    "trainer.max_steps": (lambda v: _int(v) and v >= -1, "must be an integer >= 0 (-1: no limit)"),
+    "trainer.accumulate_grad_batches": (lambda v: _int(v) and v >= 1, "must be a positive integer"),
+    "lr_scaling.base_batch_size": (lambda v: _int(v) and v >= 1, "must be a positive integer"),
+    "module.warmup_fraction": (lambda v: _number(v) and 0 <= v < 1, "must be in [0, 1)"),
+    "module.label_smoothing": (lambda v: _number(v) and 0 <= v < 1, "must be in [0, 1)"),
+    "module.ema_decay": (lambda v: v is None or (_number(v) and 0 < v < 1), "must be in (0, 1), or null for no EMA"),
+    "model.drop_path_rate": (lambda v: _number(v) and 0 <= v < 1, "must be in [0, 1)"),
+}
+
+
+def check_values(cfg: DictConfig) -> None:
+    """All checks of this module; ``ConfigError`` (one line, naming the key) on the first failure."""
+    try:
+        for key in cfg:
+            if key != "hydra":
+                _walk(cfg[key], str(key))
+        for key, (holds, valid) in RANGES.items():
+            value = OmegaConf.select(cfg, key, default=_ABSENT)
+            if value is not _ABSENT and not holds(value):
+                raise ConfigError(f"{key}={value!r} {valid}")
+        _dry_build_optimizer(cfg)
+    except MissingMandatoryValue as e:
+        raise ConfigError(f"{e.full_key} must be set on the command line, e.g. {e.full_key}=<value>") from None
+    except OmegaConfBaseException as e:  # a bad interpolation or a type OmegaConf refuses
+        msg = str(getattr(e, "msg", e)).splitlines()[0]
+        raise ConfigError(f"{e.full_key}: {msg}" if getattr(e, "full_key", None) else msg) from None
+
+
+_ABSENT = object()
+
+
+def _walk(node, key: str) -> None:
+    if isinstance(node, DictConfig):
+        target = _trusted_target(node)
+        if target is not None:
+            _check_arguments(node, key, target)
+        for k in node:
+            if k not in HYDRA_KEYS:
+                _walk(node[k], f"{key}.{k}")
+    elif isinstance(node, ListConfig):
+        for i in range(len(node)):
+            _walk(node[i], f"{key}.{i}")
+
+
+def _trusted_target(node: DictConfig):
+    path = node.get("_target_")
+    if not isinstance(path, str) or not path.startswith(TRUSTED):
+        return None
+    module, _, name = path.rpartition(".")
+    try:
+        obj = importlib.import_module(module)
+    except ImportError:  # a class path (a.b.Class.method) or a typo: instantiate reports it
+        return None
+    return getattr(obj, name, None)
+
+
+def _check_arguments(node: DictConfig, key: str, target) -> None:
+    hints, takes_any = _parameters(target)
+    owner = getattr(target, "__name__", str(target))
+    for k in node:
+        if k in HYDRA_KEYS:
+            continue
+        if k not in hints:
+            if not takes_any:
+                raise ConfigError(f"{key}.{k} is not an argument of {owner}; valid keys: {', '.join(hints)}")
+            continue
+        value = node[k]
+        if isinstance(value, DictConfig) and "_target_" in value:
+            continue  # built by instantiate; its own arguments are checked when walked
+        if isinstance(value, (DictConfig, ListConfig)):
+            value = OmegaConf.to_container(value, resolve=True)
+        if not _fits(value, hints[k]):
+            raise ConfigError(f"{key}.{k}={value!r}: {owner} expects {k}: {_name(hints[k])}")
+
+
+def _parameters(target) -> tuple[dict[str, Any], bool]:
+    """(argument name -> annotation, whether it also takes arguments we cannot see).
+
+    A class is read along its ``__init__`` chain while each takes ``**kwargs``. Only vitpipe's
+    own classes are known to pass them to their base (a data module subclass to its base); another
+    library's may hand them elsewhere (``DDPStrategy`` to ``DistributedDataParallel``), so its
+    unknown keys are not refused. ``create_model`` passes its overrides to ``ViT``.
+    """
+    from vitpipe.models.registry import create_model
+    from vitpipe.models.vit import ViT
+
+    if target is create_model:
+        funcs = [create_model, ViT.__init__]
+    elif isinstance(target, type):
+        funcs = [c.__dict__["__init__"] for c in target.__mro__ if "__init__" in c.__dict__ and c is not object]
+    else:
+        funcs = [target]
+    passes_on = target is create_model or getattr(target, "__module__", "").startswith("vitpipe.")
+    hints: dict[str, Any] = {}
+    for f in funcs:
+        try:
+            params = inspect.signature(f).parameters.values()
+            annotations = typing.get_type_hints(f)
+        except Exception:  # noqa: BLE001 - no readable signature: judge nothing
+            return hints, True
+        for p in params:
+            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                hints.setdefault(p.name, annotations.get(p.name, Any))
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            return hints, False  # this one takes nothing more: the whole chain is known
+        if not passes_on:
+            return hints, True
+    return hints, True
+
+
+def _fits(value, hint) -> bool:
+    """Whether a config value (plain Python after resolution) can be this annotation. Anything the
+    config cannot express (a Tensor, a Strategy object) is not judged."""
+    origin, args = typing.get_origin(hint) or hint, typing.get_args(hint)
+    if hint is Any or hint is inspect.Parameter.empty:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if origin is typing.Literal:
+        return value in args
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return _int(value)
+    if hint is float:
+        return _number(value)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (list, tuple, collections.abc.Sequence):
+        return isinstance(value, (list, tuple))
+    if origin in (dict, collections.abc.Mapping):
+        return isinstance(value, dict)
+    return True
+
+
+def _name(hint) -> str:
+    return getattr(hint, "__name__", None) if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
+def _dry_build_optimizer(cfg: DictConfig) -> None:
+    """Build the configured partial optimizer (and scheduler) on one dummy parameter."""
+    module = cfg.get("module")
+    node = module.get("optimizer") if isinstance(module, DictConfig) else None
+    target = _trusted_target(node) if isinstance(node, DictConfig) else None
+    if not (isinstance(target, type) and issubclass(target, torch.optim.Optimizer)):
+        return
+    import hydra
+
+    try:
+        optimizer = hydra.utils.instantiate(node)([torch.nn.Parameter(torch.zeros(1))])
+    except Exception as e:  # noqa: BLE001 - the optimizer's own message, with the key in front
+        raise ConfigError(f"module.optimizer: {_first_line(e)}") from None
+    sched = module.get("scheduler")
+    if isinstance(sched, DictConfig) and str(sched.get("_target_", "")).startswith(("timm.scheduler.",
+                                                                                    "torch.optim.lr_scheduler.")):
+        try:
+            hydra.utils.instantiate(sched)(optimizer, t_initial=10, warmup_t=1)
+        except Exception as e:  # noqa: BLE001
+            raise ConfigError(f"module.scheduler: {_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    while e.__cause__ is not None and type(e).__name__ == "InstantiationException":
+        e = e.__cause__
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
