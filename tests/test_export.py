@@ -63,6 +63,8 @@ def test_timm_local_dir_gives_the_checkpoint_logits(ckpts, tmp_path, kind):
     path = ckpts(kind)
     out = export(export_cfg(tmp_path, path, "timm", tmp_path / "vit"))
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"]  # readable by whoever may read the folder
     m = timm.create_model(f"local-dir:{out}", pretrained=True).eval()
     net = checkpoint_net(path)
     x = torch.randn(5, 1, 8, 8)

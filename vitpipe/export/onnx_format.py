@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 from pathlib import Path
 
 import torch
@@ -31,6 +32,8 @@ def export_onnx(net: nn.Module, spec: InputSpec, out: Path) -> float:
     out.parent.mkdir(parents=True, exist_ok=True)
     x = torch.randn(3, spec.in_chans, *spec.img_size)
     batch = torch.export.Dim("batch", min=1)
+    for name in ("onnx_ir", "onnxscript"):  # their INFO lines narrate graph passes
+        logging.getLogger(name).setLevel(logging.WARNING)
     with contextlib.redirect_stdout(io.StringIO()):  # the exporter narrates each step on stdout
         torch.onnx.export(net, (x,), str(out), dynamo=True, external_data=False, dynamic_shapes=({0: batch},),
                           input_names=["images"], output_names=["logits"], verbose=False)

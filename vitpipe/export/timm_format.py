@@ -9,6 +9,7 @@ does. After writing, the folder is loaded back through timm and checked against 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -46,7 +47,15 @@ def save_timm(net: nn.Module, spec: InputSpec, out: Path, *, class_names: list[s
                                               first_conv="patch_embed.proj", **spec.timm_data_config())
     labels = {"label_names": list(class_names)} if class_names else None
     save_for_hf(tm, str(out), model_config=labels, safe_serialization=True)
+    _user_permissions(Path(out) / "model.safetensors")
     return check_timm(net, out, spec)
+
+
+def _user_permissions(path: Path) -> None:
+    """safetensors writes its file 0600; a folder meant for sharing gets the user's umask, as config.json does."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
 
 
 @torch.no_grad()
