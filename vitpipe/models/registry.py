@@ -38,12 +38,15 @@ def list_models() -> list[str]:
     return list(VARIANTS)
 
 
-def create_model(name: str, *, pretrained: bool | str | None = None, **overrides) -> ViT:
+def create_model(name: str, *, pretrained: bool | str | None = None, pretrained_head: bool = True,
+                 **overrides) -> ViT:
     """Build variant ``name`` with keyword overrides (any ``ViT`` argument).
 
     pretrained: ``True`` loads the variant's timm weights; a string is a timm model name or a path
     to a ``.safetensors``/``.pth`` file (or a vitpipe Lightning checkpoint). Heads whose class
     count differs are re-initialised; positional tables are resampled to the new grid.
+    pretrained_head: False re-initialises the head even when the class count agrees (a source
+    task with other classes).
     """
     if name not in VARIANTS:
         raise ValueError(f"unknown model name={name!r}; valid choices: {', '.join(VARIANTS)}")
@@ -54,5 +57,5 @@ def create_model(name: str, *, pretrained: bool | str | None = None, **overrides
         source = TIMM_NAMES.get(name) if pretrained is True else pretrained
         if source is None:
             raise ValueError(f"no timm weights are known for {name!r}; pass pretrained=<timm name or file path>")
-        load_pretrained(model, source)
+        load_pretrained(model, source, head=pretrained_head)
     return model

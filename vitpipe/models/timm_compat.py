@@ -177,15 +177,31 @@ def _timm_hub_state_dict(name: str) -> tuple[dict[str, Tensor], int]:
     try:
         tm = timm.create_model(name, pretrained=True)
     except Exception as e:
-        raise ConfigError(
-            f"could not fetch timm weights {name!r} ({type(e).__name__}; offline?). Download the model's "
-            f".safetensors on a connected machine and pass pretrained=/path/to/model.safetensors"
-        ) from e
+        raise ConfigError(offline_weights_message(name, e)) from e
     return tm.state_dict(), (0 if tm.no_embed_class else tm.num_prefix_tokens)
 
 
-def load_pretrained(model: ViT, source: str | Path) -> ViT:
-    """Load weights from a file or a timm model name into ``model``, adapting positions and head."""
+def offline_weights_message(name: str, err: BaseException) -> str:
+    """One line: which weights could not be fetched and the two ways to place them by hand."""
+    from huggingface_hub.constants import HF_HUB_CACHE
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(name)
+    repo = getattr(cfg, "hf_hub_id", None) or f"timm/{name}"
+    return (
+        f"could not fetch timm weights {name!r} ({type(err).__name__}: offline, and not in the Hugging Face "
+        f"cache {HF_HUB_CACHE}). Either run `hf download {repo}` on a connected machine and copy its "
+        f"hub/models--{repo.replace('/', '--')} folder into that cache (HF_HOME sets where; HF_HUB_OFFLINE=1 "
+        f"skips the network), or download model.safetensors from https://huggingface.co/{repo} and pass "
+        f"model.pretrained=/path/to/model.safetensors"
+    )
+
+
+def load_pretrained(model: ViT, source: str | Path, *, head: bool = True) -> ViT:
+    """Load weights from a file or a timm model name into ``model``, adapting positions and head.
+
+    head=False keeps this model's fresh head even when the class counts agree (transfer to other
+    classes: a source head's class k means something else)."""
     src = str(source)
     if src.endswith(WEIGHT_SUFFIXES) or Path(src).exists():
         sd = read_state_dict(src)
@@ -203,11 +219,12 @@ def load_pretrained(model: ViT, source: str | Path) -> ViT:
             log.warning("pretrained: source has a learned position table; this model's pos_embed is %s, table dropped",
                         type(model.pos_embed).__name__)
             sd.pop("pos_embed.weight")
-    head = {k for k in sd if k.startswith("head.")}
+    head_keys = {k for k in sd if k.startswith("head.")}
     own = model.state_dict()
-    if any(k in own and sd[k].shape != own[k].shape for k in head) or not model.num_classes:
-        log.info("pretrained: head left freshly initialised (class count differs)")
-        for k in head:
+    if not head or any(k in own and sd[k].shape != own[k].shape for k in head_keys) or not model.num_classes:
+        log.info("pretrained: head left freshly initialised (%s)", "pretrained_head=false" if not head else
+                 "class count differs")
+        for k in head_keys:
             sd.pop(k)
     bad = {k: (tuple(v.shape), tuple(own[k].shape)) for k, v in sd.items() if k in own and v.shape != own[k].shape}
     missing, unexpected = model.load_state_dict({k: v for k, v in sd.items() if k not in bad}, strict=False)

@@ -105,6 +105,21 @@ class ViT(nn.Module):
         """Parameter names that weight decay must skip (besides norms and biases)."""
         return {n for n, _ in self.named_parameters() if n.startswith(("pos_embed.", "cls_token", "reg_token"))}
 
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """Layer groups for timm's ``param_groups_layer_decay`` (``timm.models.group_parameters``):
+        the stem (patch embedding, positions, prefix tokens) is layer 0, block i is layer i + 1, and
+        what matches nothing (final norm, fc_norm, head) is the last layer, at the full lr.
+
+        timm's VisionTransformer merges its final ``norm`` into the last block's group (decay^1);
+        here it goes with the head, as in BEiT's ``get_num_layer_for_vit`` and MAE's ``lrd.py``.
+        ``coarse`` is accepted for timm's signature; the grouping is the same.
+        """
+        return dict(stem=r"^cls_token|^reg_token|^pos_embed|^patch_embed", blocks=[(r"^blocks\.(\d+)", None)])
+
+    def get_classifier(self) -> nn.Module:
+        """The head (timm's name for it): what a linear probe trains; everything else is the encoder."""
+        return self.head
+
     def _embed(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         x, grid = self.patch_embed(x)  # (B, h*w, dim)
         prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
