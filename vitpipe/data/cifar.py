@@ -33,25 +33,33 @@ class _CIFARDataModule(ClassificationDataModule):
             raise ConfigError(f"data.root is required for {info.name} (the directory holding {folder})")
         self.folder = os.path.join(self.root, folder)
 
+    def _missing(self) -> list[str]:
+        cls = self.dataset_class
+        names = [name for name, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
+        return [n for n in names if not os.path.isfile(os.path.join(self.folder, n))]
+
     def check(self) -> None:
         if self.download:
             return
-        cls = self.dataset_class
-        names = [name for name, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
-        missing = [n for n in names if not os.path.isfile(os.path.join(self.folder, n))]
+        missing = self._missing()
         if missing:
             raise ConfigError(
                 f"{self.info.name} not found: {self.folder} lacks {', '.join(missing)}. Put the extracted python "
-                f"version there ({cls.url}) or set data.download=true"
+                f"version there ({self.dataset_class.url}) or set data.download=true"
             )
 
     def _download(self) -> None:
+        missing = self._missing()
+        if not missing:
+            return  # present: no network, and no md5 pass over 170 MB on every start
         try:
             self.dataset_class(self.root, train=True, download=True)
         except Exception as err:  # offline: URLError, timeouts; a bad archive: RuntimeError
+            reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             raise ConfigError(
-                f"downloading {self.info.name} into {self.root} failed ({err}); "
-                f"put the files in {self.folder} by hand"
+                f"{self.info.name} is missing ({self.folder} lacks {', '.join(missing)}) and downloading it failed "
+                f"({reason}); either run once where {self.dataset_class.url} is reachable (data.download=true "
+                f"fetches it), or extract that archive into {self.root} by hand"
             ) from err
 
     def _load(self, split: str):

@@ -55,7 +55,7 @@ class FashionMNISTDataModule(ClassificationDataModule):
             return
         raise ConfigError(
             f"fashion_mnist not found: {self.raw_dir} lacks {', '.join(self._missing())}. Put the idx files "
-            f"there (gz from {FashionMNIST.mirrors[0]}, decompressed), install Debian's fashion-mnist package "
+            f"there (gz from {FashionMNIST.mirrors[0]}, decompressed), install Debian's dataset-fashion-mnist package "
             f"({DEBIAN_DIR}), or set data.download=true"
         )
 
@@ -76,11 +76,17 @@ class FashionMNISTDataModule(ClassificationDataModule):
             os.replace(tmp, os.path.join(self.raw_dir, name))  # other ranks never see half a file
 
     def _download(self) -> None:
+        missing = self._missing()
+        if not missing:
+            return  # present (or decompressed from the system package by prepare_data)
         try:
             FashionMNIST(self.root, train=True, download=True)
         except Exception as err:  # offline: every mirror fails with a RuntimeError
+            reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             raise ConfigError(
-                f"downloading fashion_mnist into {self.root} failed ({err}); put the idx files in {self.raw_dir}"
+                f"fashion_mnist is missing ({self.raw_dir} lacks {', '.join(missing)}) and downloading it failed "
+                f"({reason}); either run once where {FashionMNIST.mirrors[0]} is reachable (data.download=true "
+                f"fetches it), or put the idx files there by hand (or install Debian's dataset-fashion-mnist)"
             ) from err
 
     def _load(self, split: str):
