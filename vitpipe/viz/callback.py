@@ -118,10 +118,9 @@ class RolloutCallback(L.Callback):
 
 
 def _vit(pl_module: L.LightningModule):
-    """The ViT to explain: the EMA copy when the module keeps one (validation uses it), a
-    captioner's encoder, else the network itself."""
-    ema = getattr(pl_module, "ema", None)
-    net = ema.module if ema is not None else pl_module.net
+    """The ViT to explain: the network validation runs (``eval_net``: the EMA copy when the
+    classifier keeps one), a captioner's encoder, else the network itself."""
+    net = getattr(pl_module, "eval_net", pl_module.net)
     return net if hasattr(net, "forward_features") else net.encoder
 
 
