@@ -147,10 +147,6 @@ def test_stale_temp_files_are_removed_on_resume_and_a_live_writers_file_is_kept(
     assert runs["live"].exists()  # its writer (this pytest process) is alive: maybe a save in progress
 
 
-@pytest.mark.xfail(strict=True, reason="vitpipe/data/resume.py ResumeState.observe counts completed batches; "
-                   "a save in on_train_batch_end (last_every_n_train_steps, Lightning's every_n_train_steps) "
-                   "runs before Lightning marks the batch completed, so the resumed epoch repeats one batch: "
-                   "count progress.current.processed instead (checked: then bit-equal)")
 def test_resume_from_a_step_checkpoint_equals_an_uninterrupted_run(runs):
     assert _equal_weights(_last(runs["full_dir"]), _last(runs["kill_b_dir"])) == []
 

@@ -10,9 +10,9 @@ from vitpipe.data import DigitsDataModule
 from vitpipe.data.resume import ResumeState
 
 
-def fake_trainer(*, epoch=1, completed=2, ready=9, batches=5, rank=0, world=1):
+def fake_trainer(*, epoch=1, processed=2, ready=9, batches=5, rank=0, world=1):
     """The fit-loop counters Lightning checkpoints, as ResumeState reads them."""
-    progress = SimpleNamespace(current=SimpleNamespace(completed=completed), total=SimpleNamespace(ready=ready))
+    progress = SimpleNamespace(current=SimpleNamespace(processed=processed), total=SimpleNamespace(ready=ready))
     return SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),
                            current_epoch=epoch, num_training_batches=batches, global_rank=rank,
                            world_size=world, training=True)  # fmt: skip
@@ -20,7 +20,7 @@ def fake_trainer(*, epoch=1, completed=2, ready=9, batches=5, rank=0, world=1):
 
 def test_state_dict_round_trip_is_plain_data():
     state = ResumeState(seed=4)
-    assert state.observe(fake_trainer(epoch=3, completed=2, ready=17))
+    assert state.observe(fake_trainer(epoch=3, processed=2, ready=17))
     saved = state.state_dict()
     assert saved == {"epoch": 3, "batches_done_in_epoch": 2, "step": 17}
     assert json.loads(json.dumps(saved)) == saved  # fits a weights-only checkpoint
@@ -32,7 +32,7 @@ def test_state_dict_round_trip_is_plain_data():
 
 def test_a_finished_epoch_resumes_at_the_start_of_the_next():
     state = ResumeState()
-    state.observe(fake_trainer(completed=5, batches=5))
+    state.observe(fake_trainer(processed=5, batches=5))
     assert state.batches_done == 0
 
 
@@ -62,7 +62,7 @@ def test_datamodule_resumed_mid_epoch_yields_exactly_the_remaining_batches():
         return dm
 
     first = module()
-    first.trainer = fake_trainer(epoch=1, completed=3, batches=13)
+    first.trainer = fake_trainer(epoch=1, processed=3, batches=13)
     loader = first.train_dataloader()
     loader.sampler.set_epoch(1)  # what Lightning does at each epoch start
     whole_epoch = [y for _, y in loader]

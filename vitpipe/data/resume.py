@@ -24,7 +24,10 @@ class ResumeState:
         if loop is None:
             return False
         progress = loop.epoch_loop.batch_progress
-        done = progress.current.completed
+        # `processed`, not `completed`: a save from on_train_batch_end (every N steps) runs after the
+        # batch was trained but before Lightning marks it completed; counting completed would make
+        # the resumed epoch train that batch twice
+        done = progress.current.processed
         self.epoch = trainer.current_epoch
         # a finished epoch resumes at the start of the next one, not past its end
         self.batches_done = int(done) if done < trainer.num_training_batches else 0
