@@ -17,6 +17,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from vitpipe.data.balance import BalancedSampler, dataset_labels
 from vitpipe.data.checks import check_int, to_hw
 from vitpipe.data.fast import TensorImageDataset, identity_collate, random_crop, random_hflip, to_model_input
 from vitpipe.data.resume import ResumeState
@@ -61,6 +62,8 @@ class ClassificationDataModule(L.LightningDataModule):
             the training set by a permutation seeded with ``seed`` (unless the data set has
             its own validation split, e.g. an image folder's val/).
         shuffle: false reads a fixed order (the DDP-equals-one-process test).
+        sampler: ``default`` (each training image once per epoch) or ``balanced`` (a class-balanced
+            epoch drawn with replacement, vitpipe.data.balance; needs shuffle).
         augment, hflip, crop_padding: training augmentation (random crop with zero padding,
             horizontal flip); auto_augment: a timm RandAugment string (standard path only).
         fast_path: hold each split as one uint8 tensor and augment batched on the device
@@ -88,6 +91,7 @@ class ClassificationDataModule(L.LightningDataModule):
         val_split: float | int = 0.1,
         seed: int = 0,
         shuffle: bool = True,
+        sampler: str = "default",
         augment: bool = True,
         hflip: bool = True,
         crop_padding: int = 4,
@@ -111,6 +115,12 @@ class ClassificationDataModule(L.LightningDataModule):
         self.num_workers = check_int(num_workers, "data.num_workers", minimum=0)
         self.val_split = check_val_split(val_split)
         self.seed, self.shuffle = int(seed), bool(shuffle)
+        if sampler not in ("default", "balanced"):
+            raise ConfigError(f"data.sampler={sampler!r}; valid choices: default, balanced")
+        if sampler == "balanced" and not self.shuffle:
+            raise ConfigError("data.sampler=balanced draws a random class-balanced epoch; "
+                              "it cannot honour data.shuffle=false")
+        self.sampler = sampler
         self.augment, self.hflip, self.fast_path = bool(augment), bool(hflip), bool(fast_path)
         self.crop_padding = check_int(crop_padding, "data.crop_padding", minimum=0)
         self.auto_augment = auto_augment or None
@@ -282,8 +292,11 @@ class ClassificationDataModule(L.LightningDataModule):
     def _loader(self, ds: Dataset, *, train: bool) -> DataLoader:
         batch_size = self.batch_size if train else self.eval_batch_size
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
-        sampler = ShardedSampler(len(ds), num_replicas=world, rank=rank, shuffle=train and self.shuffle,
-                                 seed=self.seed, pad=train)  # fmt: skip
+        if train and self.sampler == "balanced":
+            sampler = BalancedSampler(dataset_labels(ds), num_replicas=world, rank=rank, seed=self.seed)
+        else:
+            sampler = ShardedSampler(len(ds), num_replicas=world, rank=rank, shuffle=train and self.shuffle,
+                                     seed=self.seed, pad=train)  # fmt: skip
         if train:
             sampler.skip = self.resume.take_offset(batch_size)
         if self.fast_path:

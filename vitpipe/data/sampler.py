@@ -27,11 +27,14 @@ class ShardedSampler(DistributedSampler):
         self.shuffle, self.seed, self.pad, self.epoch = shuffle, seed, pad, 0
         self.skip = 0  # samples of this rank's shard to drop once, on the next __iter__
 
-    def _indices(self) -> list[int]:
+    def _order(self) -> torch.Tensor:
+        """The epoch's order of all ``n`` positions, before sharding (subclasses draw others)."""
         if self.shuffle:
-            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch))
-        else:
-            order = torch.arange(self.n)
+            return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        return torch.arange(self.n)
+
+    def _indices(self) -> list[int]:
+        order = self._order()
         if self.pad and self.n % self.num_replicas:
             total = len(self) * self.num_replicas
             order = order.repeat(-(-total // self.n))[:total]  # the head again (wrapping if n < ranks)

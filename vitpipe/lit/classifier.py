@@ -41,13 +41,19 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         nonfinite: what a NaN/inf loss does (``vitpipe.lit.nonfinite``): ``"error"`` stops the run
             naming the step, ``"skip"`` drops that optimizer step on every rank and counts it in
             ``train/skipped_batches``.
+        class_weights: weight the training cross-entropy per class: ``"balanced"`` (inverse class
+            frequency of the training split, ``n / (C * n_c)``, vitpipe.data.balance) or one
+            weight per class; None: unweighted. Validation/test losses stay unweighted.
     """
 
     def __init__(self, net: nn.Module, optimizer, scheduler=None, *, warmup_fraction: float = 0.05,
                  label_smoothing: float = 0.0, mixup: dict | None = None, ema_decay: float | None = None,
-                 compile: bool = False, nonfinite: str = "error") -> None:
+                 compile: bool = False, nonfinite: str = "error",
+                 class_weights: str | list[float] | None = None) -> None:
         super().__init__()
         check_policy(nonfinite)
+        # (C,) or None; "balanced" is filled in setup("fit"), once the training labels are known
+        self.register_buffer("class_weight", _class_weight(class_weights, net.num_classes), persistent=False)
         self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"], logger=False)
         self.net = net
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
@@ -87,6 +93,13 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         if self.hparams.compile and getattr(self.net, "_compiled_call_impl", None) is None:
             self.net.compile()
 
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and self.hparams.class_weights == "balanced":
+            from vitpipe.data.balance import balanced_class_weights, class_counts, dataset_labels
+
+            labels = dataset_labels(self.trainer.datamodule.data_train)  # every rank: the whole split
+            self.class_weight = balanced_class_weights(class_counts(labels, self.net.num_classes)).to(self.device)
+
     def on_train_start(self) -> None:
         self.val_acc_best.reset()  # sanity-check steps must not count
 
@@ -95,10 +108,10 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         if self.mixup is not None and x.shape[0] % 2 == 0:  # timm's Mixup needs an even batch
             x, soft = self.mixup(x, y)
             logits = self.net(x)
-            loss = torch.sum(-soft * F.log_softmax(logits, dim=-1), dim=-1).mean()
+            loss = F.cross_entropy(logits, soft, weight=self.class_weight)  # soft targets: mean over the batch
         else:
             logits = self.net(x)
-            loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+            loss = F.cross_entropy(logits, y, weight=self.class_weight, label_smoothing=self.hparams.label_smoothing)
             self.train_acc(logits, y)
             self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
         if not self.loss_is_finite(loss, batch_idx):
@@ -135,3 +148,11 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         scores = self.test_metrics.compute()
         self.test_metrics.reset()
         self.log_dict({"test/acc": scores["acc"], "test/acc_top5": scores["acc_top5"]})
+
+
+def _class_weight(value, num_classes: int) -> torch.Tensor | None:
+    if value is None or value == "balanced":
+        return None
+    if isinstance(value, str) or len(value) != num_classes or any(not float(w) >= 0 for w in value):
+        raise ValueError(f"module.class_weights={value!r}: use balanced, null or {num_classes} weights >= 0")
+    return torch.tensor([float(w) for w in value])
