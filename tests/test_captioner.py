@@ -330,3 +330,20 @@ def test_caption_experiment_trains_scores_and_checkpoints_its_tokenizer(cfg_fact
     rows = json.loads(module.write_predictions(tmp_path / "captions.json").read_text())
     assert [r["image_id"] for r in rows] == list(range(16)) and set(rows[0]) == {"image_id", "caption"}
     assert all(set(r["caption"].split()) <= set(trained.itos) for r in rows)
+
+
+def test_caption_nan_loss_stops_with_the_one_line_error_naming_the_step(cfg_factory):
+    """The captioner shares the classifier's guard: NonFiniteLossError (vitpipe.cli prints it as one
+    line, exit 3), not a bare FloatingPointError traceback."""
+    from hydra.utils import instantiate
+
+    from vitpipe.lit.classifier import NonFiniteLossError
+    from vitpipe.train import build
+
+    cfg = cfg_factory("experiment=caption_shapes", "debug=fast", "data.num_train=32", "data.num_val=4",
+                      "data.num_test=4", "trainer.limit_train_batches=2")
+    dm, net, module = build(cfg)
+    net.register_forward_hook(lambda m, i, out: out * float("nan") if m.training else out)
+    trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
+    with pytest.raises(NonFiniteLossError, match=r"loss is nan at global step 0 .*module.nonfinite=skip"):
+        trainer.fit(module, dm)
