@@ -124,12 +124,13 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         if self.ema is not None:
             self.ema.update(self.net, step=self.global_step)
 
-    def _eval_step(self, batch, loss_metric, metrics, prefix: str) -> None:
+    def _eval_step(self, batch, loss_metric, metrics, prefix: str) -> torch.Tensor:
         x, y = batch
         logits = self.eval_net(x)
         loss_metric(F.cross_entropy(logits, y))
         metrics.update(logits, y)
         self.log(f"{prefix}/loss", loss_metric, on_step=False, on_epoch=True, prog_bar=prefix == "val")
+        return logits
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, self.val_loss, self.val_metrics, "val")
@@ -141,8 +142,9 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         self.log_dict({"val/acc": scores["acc"], "val/acc_top5": scores["acc_top5"]}, prog_bar=True, sync_dist=False)
         self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True)
 
-    def test_step(self, batch, batch_idx: int) -> None:
-        self._eval_step(batch, self.test_loss, self.test_metrics, "test")
+    def test_step(self, batch, batch_idx: int) -> torch.Tensor:
+        # the logits (B, C) go to callbacks: vitpipe.report collects them for predictions.csv
+        return self._eval_step(batch, self.test_loss, self.test_metrics, "test")
 
     def on_test_epoch_end(self) -> None:
         scores = self.test_metrics.compute()
