@@ -385,3 +385,36 @@ def test_balanced_class_weights_and_option_mistakes(cfg_factory):
         extra = ["data.sampler=balanced"] if bad == "data.shuffle=false" else []
         with pytest.raises(ConfigError, match=match):
             build(cfg_factory("debug=fast", bad, *extra))
+
+
+def test_figures_go_to_wandb_as_images(run, monkeypatch):
+    from lightning.pytorch.loggers import WandbLogger
+
+    from vitpipe.report.callback import log_figures
+
+    logged = {}
+    monkeypatch.setattr(WandbLogger, "log_image", lambda self, key, images, step=None, **kw: logged.update(
+        {key: (images[0].shape, step)}))
+    figures = {p.stem: p for p in (run.dir / "report").glob("*.png")}
+    log_figures(SimpleNamespace(loggers=[WandbLogger.__new__(WandbLogger)], global_step=3), figures)
+    with Image.open(figures["calibration"]) as im:
+        size = im.size
+    assert set(logged) == {f"report/{name}" for name in figures}
+    assert logged["report/calibration"] == ((size[1], size[0], 3), 3)  # (H, W, RGB) pixels at the run's step
+
+
+def test_readme_example_report_is_recomputed_from_its_csvs(tmp_path):
+    import shutil
+
+    from vitpipe.report import write_report
+
+    example = Path(__file__).resolve().parents[1] / "docs" / "example_report"
+    shutil.copytree(example, tmp_path / "run")
+    for f in ("per_class.csv", "confusion_matrix.csv", "report.md"):
+        (tmp_path / "run" / "report" / f).unlink()
+    metrics = {k: v for k, v in json.loads((example / "metrics.json").read_text()).items() if k.startswith("test/")}
+    write_report(tmp_path / "run", [str(d) for d in range(10)], metrics=metrics)
+    for f in ("per_class.csv", "confusion_matrix.csv"):
+        assert (tmp_path / "run" / "report" / f).read_text() == (example / "report" / f).read_text()
+    md = (tmp_path / "run" / "report" / "report.md").read_text().replace("`run`", "`default_run`")
+    assert md == (example / "report" / "report.md").read_text()
