@@ -119,7 +119,7 @@ class TestPredictions(L.Callback):
             raise RuntimeError("the test loader has no batch sampler: cannot tell which images a batch holds")
         index = torch.tensor(self._batches[batch_idx], dtype=torch.long)
         if len(index) != len(y):
-            raise RuntimeError(f"test batch {batch_idx} holds {len(y)} images but its sampler gave {len(index)} indices")
+            raise RuntimeError(f"test batch {batch_idx} holds {len(y)} images, its sampler gave {len(index)} indices")
         logits = outputs if isinstance(outputs, Tensor) and outputs.shape[:1] == y.shape else _eval_logits(pl_module, x)
         self._parts.append((index.to(y.device), logits.detach().float(), y.detach()))
 
