@@ -408,7 +408,7 @@ def test_readme_example_report_is_recomputed_from_its_csvs(tmp_path):
 
     from vitpipe.report import write_report
 
-    example = Path(__file__).resolve().parents[1] / "docs" / "example_report"
+    example = Path(__file__).resolve().parents[1] / "notebooks" / "figures" / "example_report"
     shutil.copytree(example, tmp_path / "run")
     for f in ("per_class.csv", "confusion_matrix.csv", "report.md"):
         (tmp_path / "run" / "report" / f).unlink()
