@@ -136,7 +136,7 @@ def test_unresolvable_model_data_size(cfg_factory):
 
 def test_missing_dataset_offline_says_how_to_get_it(cfg_factory):
     with pytest.raises(ConfigError, match=r"download"):
-        build(cfg_factory("data=cifar10"))
+        build(cfg_factory("data=cifar10", "data.download=false"))  # download=true (the default) finds out in prepare_data
 
 
 def test_bad_checkpoints(cfg_factory, tmp_path):

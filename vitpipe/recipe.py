@@ -13,28 +13,30 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 
-def applied_recipe() -> str | None:
-    """The recipe option Hydra chose for this run (``vit_b16_cifar10``), or None (no file for the
-    pair, or Hydra not initialised: ``train(cfg)`` called on a hand-made config)."""
+def applied_recipe() -> tuple[str, Path] | None:
+    """(choice, file) of the recipe this run merged, e.g. ("vit_b16_cifar10", conf/recipe/vit_b16_cifar10.yaml);
+    None when the pair has no file (Hydra still records the choice of an optional group) or Hydra
+    is not initialised (``train(cfg)`` called on a hand-made config)."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():
         return None
-    return HydraConfig.get().runtime.choices.get("recipe")
+    runtime = HydraConfig.get().runtime
+    choice = runtime.choices.get("recipe")
+    if not choice:
+        return None
+    for source in runtime.config_sources:
+        path = Path(source.path) / "recipe" / f"{choice}.yaml"
+        if source.schema == "file" and path.is_file():
+            return choice, path
+    return None
 
 
-def recipe_keys(choice: str) -> list[str]:
-    """The dotted keys a recipe file sets (its defaults list excluded), read from the primary config dir."""
-    from hydra.core.hydra_config import HydraConfig
-
-    for source in HydraConfig.get().runtime.config_sources:
-        if source.provider == "main" and source.schema == "file":
-            path = Path(source.path) / "recipe" / f"{choice}.yaml"
-            if path.is_file():
-                node = OmegaConf.load(path)
-                node.pop("defaults", None)
-                return _leaves(node)
-    return []
+def recipe_keys(path: Path) -> list[str]:
+    """The dotted keys a recipe file sets (its defaults list excluded)."""
+    node = OmegaConf.load(path)
+    node.pop("defaults", None)
+    return _leaves(node)
 
 
 def _leaves(node: DictConfig, prefix: str = "") -> list[str]:
@@ -51,11 +53,12 @@ def _leaves(node: DictConfig, prefix: str = "") -> list[str]:
 @rank_zero_only
 def announce_recipe(cfg: DictConfig) -> None:
     """Print ``vitpipe: recipe recipe/<choice>.yaml applied (key=value, ...)`` when one was."""
-    choice = applied_recipe()
-    if not choice:
+    applied = applied_recipe()
+    if applied is None:
         return
+    choice, path = applied
     values = []
-    for key in recipe_keys(choice):
+    for key in recipe_keys(path):
         value = OmegaConf.select(cfg, key, default=None)
         if isinstance(value, DictConfig) and "_target_" in value:  # SGD(lr=0.03, momentum=0.9, ...)
             args = ", ".join(f"{k}={v}" for k, v in value.items() if not k.startswith("_"))

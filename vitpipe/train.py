@@ -23,6 +23,7 @@ from vitpipe.config import (
     instantiate_checked,
 )
 from vitpipe.errors import ConfigError
+from vitpipe.recipe import announce_recipe
 from vitpipe.runinfo import ConfigInCheckpoint, collect_metrics, finish_loggers, print_summary, write_run_files
 
 
@@ -51,6 +52,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Train (and test) per ``cfg``; returns the final metrics, also written to metrics.json."""
     L.seed_everything(cfg.seed, workers=True)
     check_config(cfg)
+    announce_recipe(cfg)  # which conf/recipe/<model>_<data>.yaml this run merged, and what it set
     set_sweep_group(cfg)
     loggers = instantiate_loggers(cfg.get("logger"))
     callbacks = instantiate_callbacks(cfg.get("callbacks"))

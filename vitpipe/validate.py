@@ -207,8 +207,10 @@ def _dry_build_optimizer(cfg: DictConfig) -> None:
     sched = module.get("scheduler")
     if isinstance(sched, DictConfig) and str(sched.get("_target_", "")).startswith(("timm.scheduler.",
                                                                                     "torch.optim.lr_scheduler.")):
+        # timm's get the step counts from the module; a torch LRScheduler takes the optimizer alone
+        steps = {"t_initial": 10, "warmup_t": 1} if str(sched._target_).startswith("timm.") else {}
         try:
-            hydra.utils.instantiate(sched)(optimizer, t_initial=10, warmup_t=1)
+            hydra.utils.instantiate(sched)(optimizer, **steps)
         except Exception as e:  # noqa: BLE001
             raise ConfigError(f"module.scheduler: {_first_line(e)}") from None
 

@@ -23,6 +23,7 @@ from vitpipe.data.fast import TensorImageDataset, identity_collate, random_crop,
 from vitpipe.data.resume import ResumeState
 from vitpipe.data.sampler import ShardedSampler
 from vitpipe.data.splits import check_val_split, split_indices
+from vitpipe.data.subset import check_classes, select
 from vitpipe.data.transforms import TransformedSubset, standard_transform
 from vitpipe.errors import ConfigError
 
@@ -71,6 +72,8 @@ class ClassificationDataModule(L.LightningDataModule):
         antialias: antialias when resizing (both paths; off by default, which is exact for
             upsampling, the usual case of small data sets on a bigger model).
         mean, std: normalisation per native channel (default: the data set's statistics).
+        classes, train_per_class: keep only these classes (relabelled 0..k-1 in this order) and
+            only that many training images of each (vitpipe.data.subset; fast path only).
     """
 
     has_val_split = False  # True: _load("val") may return the data set's own validation split
@@ -101,6 +104,8 @@ class ClassificationDataModule(L.LightningDataModule):
         antialias: bool = False,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
+        classes: Sequence[int] | None = None,
+        train_per_class: int | None = None,
     ):
         super().__init__()
         self.info = info
@@ -128,10 +133,16 @@ class ClassificationDataModule(L.LightningDataModule):
 
         # Static facts the config carries, checked against what the data set is.
         self.num_classes = check_int(num_classes, "data.num_classes")
-        if info.num_classes is not None and self.num_classes != info.num_classes:
+        check_classes(classes, train_per_class, info.num_classes)
+        self.classes = None if classes is None else [int(c) for c in classes]
+        self.train_per_class = train_per_class
+        if (self.classes is not None or train_per_class is not None) and not fast_path:
+            raise ConfigError("data.classes / data.train_per_class select from the split tensors: set data.fast_path=true")
+        expected = len(self.classes) if self.classes is not None else info.num_classes
+        if expected is not None and self.num_classes != expected:
             raise ConfigError(
-                f"data.num_classes={num_classes} but {info.name} has {info.num_classes} classes; "
-                f"set data.num_classes={info.num_classes}"
+                f"data.num_classes={num_classes} but {info.name} has {expected} classes"
+                f"{' in data.classes' if self.classes is not None else ''}; set data.num_classes={expected}"
             )
         if channels != info.channels:
             raise ConfigError(f"data.channels={channels!r} but {info.name} images have {info.channels} channel(s)")
@@ -159,6 +170,7 @@ class ClassificationDataModule(L.LightningDataModule):
 
         # Label index -> name; set here when static, else by check()/setup() once the files are read.
         self.class_names: list[str] | None = None if info.class_names is None else list(info.class_names)
+        self._selected_names: list[str] | None = None  # class_names after data.classes picked from them
         self.resume = ResumeState(self.seed)
         self.train_indices: Tensor | None = None  # indices into the loaded training set
         self.val_indices: Tensor | None = None
@@ -197,6 +209,8 @@ class ClassificationDataModule(L.LightningDataModule):
             self._setup_train_val()
         if stage in (None, "test", "predict") and self.data_test is None:
             self._setup_test()
+        if self.classes is not None and self.class_names is not None and self.class_names is not self._selected_names:
+            self.class_names = self._selected_names = [self.class_names[c] for c in self.classes]  # (re)loaded names
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self._require(self.data_train, "fit"), train=True)
@@ -281,12 +295,15 @@ class ClassificationDataModule(L.LightningDataModule):
         images, labels = self._as_tensors(ds)
         if images.shape[1] != self.channels:
             raise ConfigError(f"data.channels={self.channels} but {self.info.name} images have {images.shape[1]}")
+        if indices is not None:
+            images, labels = images[indices], labels[indices]
+        if self.classes is not None or (train and self.train_per_class is not None):
+            keep, labels = select(labels, self.classes, self.train_per_class if train else None, self.seed)
+            images = images[keep]
         if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
             raise ConfigError(
                 f"{self.info.name} has labels up to {int(labels.max())}, more than data.num_classes={self.num_classes}"
             )
-        if indices is not None:
-            images, labels = images[indices], labels[indices]
         return TensorImageDataset(images, labels)
 
     def _loader(self, ds: Dataset, *, train: bool) -> DataLoader:

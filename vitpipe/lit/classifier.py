@@ -19,8 +19,9 @@ from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from vitpipe.lit.finetune import FineTuning, check_finetune
 from vitpipe.lit.nonfinite import NonFiniteGuard, NonFiniteLossError, check_policy
-from vitpipe.lit.optim import ConfiguredOptimizers
+from vitpipe.lit.optim import ConfiguredOptimizers, check_layer_decay
 
 __all__ = ["ImageClassifier", "NonFiniteLossError"]
 
@@ -44,14 +45,23 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         class_weights: weight the training cross-entropy per class: ``"balanced"`` (inverse class
             frequency of the training split, ``n / (C * n_c)``, vitpipe.data.balance) or one
             weight per class; None: unweighted. Validation/test losses stay unweighted.
+        layer_decay: layer-wise lr decay (BEiT/MAE fine-tuning): block i trains at lr *
+            decay^(depth - i), the stem at decay^(depth + 1), final norm and head at lr
+            (``vitpipe.lit.optim``); None: one lr for all.
+        finetune: ``full``, ``linear_probe`` (the head alone, encoder frozen) or ``head_then_full``
+            (the head alone for ``finetune_warmup_epochs`` epochs, then everything); see
+            ``vitpipe.lit.finetune``.
     """
 
     def __init__(self, net: nn.Module, optimizer, scheduler=None, *, warmup_fraction: float = 0.05,
                  label_smoothing: float = 0.0, mixup: dict | None = None, ema_decay: float | None = None,
                  compile: bool = False, nonfinite: str = "error",
-                 class_weights: str | list[float] | None = None) -> None:
+                 class_weights: str | list[float] | None = None, layer_decay: float | None = None,
+                 finetune: str = "full", finetune_warmup_epochs: int = 0) -> None:
         super().__init__()
         check_policy(nonfinite)
+        check_finetune(finetune, finetune_warmup_epochs)
+        check_layer_decay(layer_decay, net)
         # (C,) or None; "balanced" is filled in setup("fit"), once the training labels are known
         self.register_buffer("class_weight", _class_weight(class_weights, net.num_classes), persistent=False)
         self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"], logger=False)
@@ -86,6 +96,11 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
     def eval_net(self) -> nn.Module:
         """The network validation and test run: the EMA copy when one is kept, else ``net``."""
         return self.ema.module if self.ema is not None else self.net
+
+    def configure_callbacks(self):
+        if self.hparams.get("finetune", "full") == "full":
+            return []
+        return [FineTuning(self.hparams.finetune, self.hparams.finetune_warmup_epochs)]
 
     def configure_model(self) -> None:
         # here rather than in __init__: only a run compiles (a module built for inspection or

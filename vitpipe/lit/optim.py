@@ -18,10 +18,7 @@ def param_groups(net: nn.Module, weight_decay: float, layer_decay: float | None 
     """
     skip = set(net.no_weight_decay()) if hasattr(net, "no_weight_decay") else set()
     if layer_decay is not None:
-        if not (isinstance(layer_decay, (int, float)) and not isinstance(layer_decay, bool) and 0 < layer_decay <= 1):
-            raise ValueError(f"module.layer_decay={layer_decay!r}: expected a number in (0, 1], or null for none")
-        if not hasattr(net, "group_matcher"):
-            raise ValueError(f"module.layer_decay needs a network with group_matcher(); {type(net).__name__} has none")
+        check_layer_decay(layer_decay, net)
         from timm.optim import param_groups_layer_decay
 
         return param_groups_layer_decay(net, weight_decay=weight_decay, no_weight_decay_list=sorted(skip),
@@ -32,6 +29,15 @@ def param_groups(net: nn.Module, weight_decay: float, layer_decay: float | None 
             continue
         (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def check_layer_decay(layer_decay, net: nn.Module) -> None:
+    if layer_decay is None:
+        return
+    if not (isinstance(layer_decay, (int, float)) and not isinstance(layer_decay, bool) and 0 < layer_decay <= 1):
+        raise ValueError(f"module.layer_decay={layer_decay!r}: expected a number in (0, 1], or null for none")
+    if not hasattr(net, "group_matcher"):
+        raise ValueError(f"module.layer_decay needs a network with group_matcher(); {type(net).__name__} has none")
 
 
 def build_optimizer(partial_optimizer, net: nn.Module, layer_decay: float | None = None) -> torch.optim.Optimizer:
