@@ -1,8 +1,13 @@
 """Sweep summaries: one row per Hydra multirun job (its overrides and final metrics).
 
-Written as ``summary.csv``, ``summary.md`` and ``summary.png`` into the sweep directory, after
-every job (so a crash mid-sweep keeps what finished) and at the end. ``scripts/sweep_report.py
-<sweep_dir>`` rebuilds them from the job folders alone.
+Written into the sweep directory after every job (so a crash mid-sweep keeps what finished) and at
+the end; ``scripts/sweep_report.py <sweep_dir>`` rebuilds them from the job folders alone:
+
+    summary.csv   every job's overrides and metrics (floats shortened: overrides to 3 significant
+                  digits, 1.04e-03; metrics to 4)
+    summary.md    the settings every job shared, then the table of what varied, then the figures
+    summary.png   the metric per job; each bar is labelled "#<job> <the overrides that vary>"
+    optuna_*.png  Optuna sweeps only (vitpipe.sweep_optuna): history, slices, importances
 """
 
 from __future__ import annotations
@@ -10,10 +15,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from pathlib import Path
 
 import yaml
 from hydra.experimental.callback import Callback
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from vitpipe.runinfo import atomic_write_text
 
@@ -40,57 +48,116 @@ def collect_jobs(sweep_dir: str | Path) -> list[dict]:
     return rows
 
 
-def _columns(rows: list[dict]) -> tuple[list[str], list[str]]:
-    keys = [k for r in rows for k in r]
-    keys = list(dict.fromkeys(keys))
+def split_columns(rows: list[dict]) -> tuple[list[str], list[str], list[str]]:
+    """(varying overrides, fixed overrides, metrics): what the sweep varied comes first."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
     metrics = [k for k in METRIC_ORDER if k in keys] + sorted(k for k in keys if "/" in k and k not in METRIC_ORDER)
     params = [k for k in keys if k not in metrics and k not in ("job", "status")]
     varying = [p for p in params if len({str(r.get(p)) for r in rows}) > 1]
-    return varying + [p for p in params if p not in varying], metrics  # what the sweep varied comes first
+    return varying, [p for p in params if p not in varying], metrics
 
 
-def _fmt(v) -> str:
-    return f"{v:.4f}" if isinstance(v, float) else ("" if v is None else str(v))
+def fmt(value, digits: int = 4) -> str:
+    """A readable number: ``digits`` significant digits, scientific below 0.01 or from 1e5 (1.038e-03).
+
+    Strings that hold a float (overrides such as ``lr=0.001038445306856572``) are shortened too;
+    ints, words and flags stay as they are.
+    """
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+        if not any(c in value for c in ".eE") or not math.isfinite(number):
+            return value  # an int, or inf / nan: already short
+        value = number
+    if isinstance(value, bool) or not isinstance(value, float):
+        return "" if value is None else str(value)
+    if value == 0 or not math.isfinite(value):
+        return str(value)
+    if 1e-2 <= abs(value) < 1e5:
+        return f"{value:.{digits}g}"
+    return f"{value:.{digits - 1}e}"
+
+
+def short_names(keys: list[str]) -> dict[str, str]:
+    """The shortest dotted suffix that tells each key apart: module.optimizer.lr -> lr."""
+    names = {}
+    for key in keys:
+        parts = key.split(".")
+        for n in range(1, len(parts) + 1):
+            suffix = ".".join(parts[-n:])
+            if sum(k == suffix or k.endswith("." + suffix) for k in keys) == 1:
+                break
+        names[key] = suffix
+    return names
+
+
+def job_labels(rows: list[dict], varying: list[str]) -> list[str]:
+    """'#<job> name=value ...' with only the overrides that vary, floats to 3 significant digits."""
+    names = short_names(varying)
+    return [" ".join([f"#{r['job']}", *(f"{names[p]}={fmt(r[p], 3)}" for p in varying if p in r)]) for r in rows]
 
 
 def write_summary(sweep_dir: str | Path, metric: str | None = None) -> list[dict]:
-    """Write summary.csv / .md / .png for ``sweep_dir``; returns the rows."""
+    """Write summary.csv / .md / .png (and an Optuna study's plots) for ``sweep_dir``; returns the rows."""
     sweep_dir = Path(sweep_dir)
     rows = collect_jobs(sweep_dir)
     if not rows:
         return rows
-    params, metrics = _columns(rows)
-    cols = ["job", *params, *metrics, "status"]
+    varying, fixed, metrics = split_columns(rows)
+    cols = ["job", *varying, *fixed, *metrics, "status"]
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
+    writer = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({c: fmt(r.get(c), 4 if c in metrics else 3) for c in cols} for r in rows)
     atomic_write_text(sweep_dir / "summary.csv", buf.getvalue())
-    md = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    md += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
-    atomic_write_text(sweep_dir / "summary.md", "\n".join(md) + "\n")
+
     metric = metric if metric in metrics else next(iter(metrics), None)
+    figures = []
     if metric:
-        _plot(rows, params, metric, sweep_dir / "summary.png")
+        fig = summary_figure(rows, varying, metric, title=f"{sweep_dir.name}: {metric} per job")
+        if fig is not None:
+            fig.savefig(sweep_dir / "summary.png", dpi=100)
+            figures.append("summary.png")
+        from vitpipe.sweep_optuna import optuna_figures  # optuna only loads for Optuna sweeps
+
+        figures += optuna_figures(sweep_dir, rows, metric)
+
+    md = [f"# Sweep {sweep_dir.name}: {len(rows)} job(s)", ""]
+    if fixed:
+        md += ["Every job: " + ", ".join(f"`{p}={fmt(rows[0].get(p))}`" for p in fixed), ""]
+    table = [c for c in cols if c not in fixed]  # the fixed ones are listed once above
+    md += ["| " + " | ".join(table) + " |", "|" + "---|" * len(table)]
+    md += ["| " + " | ".join(fmt(r.get(c), 4 if c in metrics else 3) for c in table) + " |" for r in rows]
+    if figures:
+        md += ["", *(f"![{Path(f).stem}]({f})" for f in figures)]
+    atomic_write_text(sweep_dir / "summary.md", "\n".join(md) + "\n")
     return rows
 
 
-def _plot(rows: list[dict], params: list[str], metric: str, path: Path) -> None:
-    from matplotlib.figure import Figure
-
+def summary_figure(rows: list[dict], varying: list[str], metric: str, *, title: str) -> Figure | None:
+    """Horizontal bars, one per finished job, labelled by ``job_labels``; the figure is sized to its labels."""
     done = [r for r in rows if isinstance(r.get(metric), (int, float))]
     if not done:
-        return
-    varying = [p for p in params if len({str(r.get(p)) for r in rows}) > 1]
-    labels = [", ".join(f"{p.split('.')[-1]}={r[p]}" for p in varying if p in r) or f"job {r['job']}" for r in done]
-    fig = Figure(figsize=(max(4, 1.2 * len(done) + 2), 4), layout="constrained")
+        return None
+    labels = job_labels(done, varying)
+    fig = Figure(figsize=(6, 1.2 + 0.35 * len(done)), layout="constrained")
     ax = fig.add_subplot()
-    bars = ax.bar(range(len(done)), [r[metric] for r in done], color="tab:blue")
-    ax.bar_label(bars, fmt="%.3f")
-    ax.set_xticks(range(len(done)), labels, rotation=20, ha="right")
-    ax.set_ylabel(metric)
-    ax.set_title(f"{path.parent.name}: {metric} per job")
-    fig.savefig(path, dpi=100)
+    values = [r[metric] for r in done]
+    bars = ax.barh(range(len(done)), values, color="tab:blue")
+    ax.bar_label(bars, labels=[fmt(v) for v in values], padding=2, fontsize=8)
+    ax.set_yticks(range(len(done)), labels, fontsize=8)
+    ax.invert_yaxis()  # job 0 on top, as in the table
+    ax.set_xlabel(metric)
+    ax.set_xlim(0, max(max(values), 1e-12) * 1.15)  # room for the value labels
+    ax.set_title(title, fontsize=10)
+    # widen the figure to the longest label (measured, not guessed) plus 4 inches of bars
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    widest = max([t.get_window_extent(renderer).width for t in ax.get_yticklabels()]
+                 + [ax.title.get_window_extent(renderer).width - 4 * fig.dpi])
+    fig.set_size_inches(max(6.0, widest / fig.dpi + 4.5), fig.get_size_inches()[1])
+    return fig
 
 
 class SweepSummaryCallback(Callback):
@@ -98,14 +165,19 @@ class SweepSummaryCallback(Callback):
 
     def __init__(self, metric: str | None = None) -> None:
         self.metric = metric
+        self._written_after: int | None = None  # jobs summarised by on_job_end (then the end adds nothing)
 
     def on_job_end(self, config, job_return, **kwargs) -> None:
         from hydra.types import RunMode
 
         if config.hydra.mode == RunMode.MULTIRUN:
-            write_summary(config.hydra.sweep.dir, self.metric or config.get("optimized_metric"))
+            rows = write_summary(config.hydra.sweep.dir, self.metric or config.get("optimized_metric"))
+            self._written_after = len(rows)
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        rows = write_summary(config.hydra.sweep.dir, self.metric or config.get("optimized_metric"))
+        sweep_dir = Path(config.hydra.sweep.dir)
+        rows = collect_jobs(sweep_dir) if sweep_dir.is_dir() else []
+        if rows and len(rows) != self._written_after:  # e.g. jobs launched elsewhere (submitit): summarise here
+            rows = write_summary(sweep_dir, self.metric or config.get("optimized_metric"))
         if rows:
-            print(f"vitpipe: sweep summary of {len(rows)} job(s) in {Path(config.hydra.sweep.dir) / 'summary.md'}")
+            print(f"vitpipe: sweep summary of {len(rows)} job(s) in {sweep_dir / 'summary.md'}")
