@@ -56,7 +56,7 @@ ALLOWED_TARGETS: dict[str, frozenset[str]] = {
         "vitpipe.data.CIFAR10DataModule", "vitpipe.data.CIFAR100DataModule", "vitpipe.data.DigitsDataModule",
         "vitpipe.data.FashionMNISTDataModule", "vitpipe.data.ImageFolderDataModule",
         "vitpipe.data.SyntheticDataModule", "vitpipe.data.captions.COCOCaptionDataModule",
-        "vitpipe.data.captions.ShapesCaptionDataModule",
+        "vitpipe.data.captions.ShapesCaptionDataModule", "vitpipe.data.shards.ShardsDataModule",
     }),
     "module": frozenset({"vitpipe.lit.ImageClassifier", "vitpipe.lit.captioner.CaptionModule", *_OPTIMIZERS}),
 }

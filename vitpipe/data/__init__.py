@@ -5,7 +5,8 @@ from vitpipe.data.cifar import CIFAR10DataModule, CIFAR100DataModule
 from vitpipe.data.digits import DigitsDataModule
 from vitpipe.data.fashion_mnist import FashionMNISTDataModule
 from vitpipe.data.imagefolder import ImageFolderDataModule
+from vitpipe.data.shards import ShardsDataModule
 from vitpipe.data.synthetic import SyntheticDataModule
 
 __all__ = ["ClassificationDataModule", "DatasetInfo", "CIFAR10DataModule", "CIFAR100DataModule", "DigitsDataModule",
-           "FashionMNISTDataModule", "ImageFolderDataModule", "SyntheticDataModule"]  # fmt: skip
+           "FashionMNISTDataModule", "ImageFolderDataModule", "ShardsDataModule", "SyntheticDataModule"]  # fmt: skip

@@ -1,0 +1,170 @@
+"""make_shards: any classification DataModule -> LitData shards that ``data=shards`` streams.
+
+Layout of ``out``::
+
+    train/ val/ [test/]     LitData chunks (chunk-*.bin) + LitData's index.json, one folder per split
+    vitpipe_shards.json     vitpipe's index: class names, channels, native size, mean/std, counts and
+                            each split's chunk sizes (the reader's sampler keeps reads chunk-local)
+
+Each item is ``{"image": encoded bytes, "label": int, "source_index": int}``: an image file's own
+bytes (a JPEG stays that JPEG: decoding gives the source's pixels), in-memory images as lossless PNG.
+``source_index`` is the item's index in the source split, so a shard can be traced to its image.
+Training items are written in a seeded random order: the reader shuffles within chunks, and chunks
+of one class each (an image folder lists class by class) would give one-class batches. Val/test keep
+the source order (a batch of them equals the source DataModule's batch).
+
+Re-runnable: a split is written to ``.<split>.partial/`` and renamed when complete, the index is
+written last (atomically); a re-run keeps complete splits and redoes the rest.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tempfile
+
+import torch
+from PIL import Image
+from torch import Tensor
+from tqdm import tqdm
+
+from vitpipe.data.base import ClassificationDataModule
+from vitpipe.data.splits import split_indices
+
+INDEX_FILE = "vitpipe_shards.json"
+FORMAT_VERSION = 1
+SPLITS = ("train", "val", "test")
+
+
+def encode_image(image) -> bytes:
+    """A PIL image or uint8 (C, H, W) tensor -> PNG bytes (lossless)."""
+    if isinstance(image, Tensor):
+        array = image.permute(1, 2, 0).numpy()  # (H, W, C)
+        image = Image.fromarray(array[..., 0] if array.shape[2] == 1 else array)
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _source_splits(dm: ClassificationDataModule) -> dict[str, tuple[object, list[int]]]:
+    """{split: (loaded data set, indices into it)}: the splits the DataModule itself would train on."""
+    dm.prepare_data()
+    train = dm._load("train")
+    val = dm._load("val") if dm.has_val_split else None
+    if val is None:  # the DataModule's own seeded split of the training set
+        train_idx, val_idx = split_indices(len(train), dm.val_split, dm.seed)
+        splits = {"train": (train, train_idx.tolist()), "val": (train, val_idx.tolist())}
+    else:
+        splits = {"train": (train, list(range(len(train)))), "val": (val, list(range(len(val))))}
+    test = dm._load("test")
+    if test is not None:
+        splits["test"] = (test, list(range(len(test))))
+    return splits
+
+
+def _item_bytes(ds, i: int) -> tuple[bytes, int]:
+    samples = getattr(ds, "samples", None)  # an ImageFolder: keep the file's own bytes
+    if samples is not None:
+        path, label = samples[i]
+        with open(path, "rb") as f:
+            return f.read(), int(label)
+    image, label = ds[i]
+    return encode_image(image), int(label)
+
+
+def _complete_count(split_dir: str) -> int | None:
+    try:
+        with open(os.path.join(split_dir, "index.json")) as f:
+            return sum(c["chunk_size"] for c in json.load(f)["chunks"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _chunk_sizes(split_dir: str) -> list[int]:
+    with open(os.path.join(split_dir, "index.json")) as f:
+        chunks = json.load(f)["chunks"]
+    return [int(c["chunk_size"]) for c in chunks]  # LitData merges them in write order
+
+
+def write_split(ds, indices: list[int], split_dir: str, *, shard_size: str, shuffle_seed: int | None,
+                desc: str) -> None:
+    """Write ``ds[indices]`` to ``split_dir`` (complete or absent), in a random order if shuffle_seed."""
+    from litdata.streaming.writer import BinaryWriter
+
+    partial = os.path.join(os.path.dirname(split_dir), f".{os.path.basename(split_dir)}.partial")
+    shutil.rmtree(partial, ignore_errors=True)  # an interrupted earlier attempt
+    order = list(range(len(indices)))
+    if shuffle_seed is not None:
+        order = torch.randperm(len(indices), generator=torch.Generator().manual_seed(shuffle_seed)).tolist()
+    writer = BinaryWriter(partial, chunk_bytes=shard_size)
+    for n, k in enumerate(tqdm(order, desc=desc, unit="img")):
+        image, label = _item_bytes(ds, indices[k])
+        writer.add_item(n, {"image": image, "label": label, "source_index": k})
+    writer.done()
+    writer.merge()
+    os.replace(partial, split_dir)
+
+
+def make_shards(dm: ClassificationDataModule, out: str, *, shard_size: str = "64MB", seed: int = 0) -> dict:
+    """Convert ``dm``'s train/val/test splits to shards under ``out``; returns the index written."""
+    os.makedirs(out, exist_ok=True)
+    splits = _source_splits(dm)
+    index = {
+        "format": FORMAT_VERSION, "source": dm.info.name, "class_names": list(dm.class_names or []),
+        "num_classes": dm.num_classes, "channels": dm.channels,
+        "native_size": None if dm.native_size is None else list(dm.native_size),
+        "mean": list(dm.mean), "std": list(dm.std), "splits": {},
+    }  # fmt: skip
+    if not index["class_names"]:
+        index["class_names"] = [str(c) for c in range(dm.num_classes)]
+    for split, (ds, indices) in splits.items():
+        split_dir = os.path.join(out, split)
+        if _complete_count(split_dir) == len(indices):
+            print(f"make_shards: {split_dir} is complete ({len(indices)} images), kept")
+        else:
+            shutil.rmtree(split_dir, ignore_errors=True)
+            write_split(ds, indices, split_dir, shard_size=shard_size, shuffle_seed=seed if split == "train" else None,
+                        desc=f"{split} -> {split_dir}")  # fmt: skip
+        labels = torch.tensor([_label(ds, i) for i in indices], dtype=torch.long)
+        index["splits"][split] = {
+            "count": len(indices), "chunk_sizes": _chunk_sizes(split_dir),
+            "class_counts": torch.bincount(labels, minlength=dm.num_classes).tolist(),
+        }  # fmt: skip
+    _write_json_atomic(os.path.join(out, INDEX_FILE), index)
+    return index
+
+
+def _label(ds, i: int) -> int:
+    targets = getattr(ds, "targets", None)
+    if targets is not None:
+        return int(targets[i])
+    labels = getattr(ds, "labels", None)
+    if labels is not None:
+        return int(labels[i])
+    return int(ds[i][1])
+
+
+def _write_json_atomic(path: str, data: dict) -> None:
+    with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path) or ".", prefix=".tmp-", delete=False) as f:
+        json.dump(data, f, indent=1)
+    os.chmod(f.name, 0o644)
+    os.replace(f.name, path)
+
+
+def make_shards_from_config(cfg) -> dict:
+    """scripts/make_shards.py: ``cfg.data`` (any classification data config) -> shards in ``cfg.out``."""
+    from hydra.utils import instantiate
+
+    from vitpipe.errors import ConfigError
+
+    dm = instantiate(cfg.data)
+    if not isinstance(dm, ClassificationDataModule):
+        raise ConfigError(f"data={cfg.data._target_}: make_shards converts classification data sets only")
+    out = os.path.abspath(str(cfg.out))
+    index = make_shards(dm, out, shard_size=str(cfg.shard_size), seed=int(cfg.seed))
+    counts = ", ".join(f"{s} {m['count']} images in {len(m['chunk_sizes'])} chunk(s)" for s, m in index["splits"].items())
+    print(f"make_shards: {out}: {counts}; train with data=shards data.root={out} "
+          f"data.num_classes={index['num_classes']} data.channels={index['channels']}")
+    return index

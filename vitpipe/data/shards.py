@@ -1,0 +1,195 @@
+"""ShardsDataModule: train from shards written by ``scripts/make_shards.py``, on disk or in object storage.
+
+Storage and streaming are LitData's (chunks + index.json per split; ``s3://``, ``gs://``,
+``azure://``, ``hf://`` and ``r2://`` roots are downloaded chunk by chunk into a local cache). The
+ORDER is vitpipe's: LitData's own iterable path drops the tail of an epoch under DDP (``drop_last``
+is forced on in a distributed run) and resumes within tolerances, so here the splits are read as
+map-style data sets through ``ChunkSampler``, a ShardedSampler whose order stays inside chunks.
+Hence the guarantees of every other vitpipe data set: each training image once per epoch (ranks
+padded from the head of the order to equal counts), each val/test image scored exactly once, exact
+mid-epoch resume (``ResumeState``). Decoding and augmentation run in the loader workers (the
+standard torchvision path; ``vitpipe.data.transforms``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from vitpipe.data.base import ClassificationDataModule, DatasetInfo
+from vitpipe.data.images import open_image
+from vitpipe.data.make_shards import FORMAT_VERSION, INDEX_FILE
+from vitpipe.data.sampler import ShardedSampler
+from vitpipe.errors import ConfigError
+
+os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata asks PyPI per process otherwise (offline)
+
+INDEX_KEYS = ("format", "class_names", "num_classes", "channels", "native_size", "mean", "std", "splits")
+
+
+def is_url(root: str) -> bool:
+    return "://" in root
+
+
+def _fetch(root: str, name: str, cache_dir: str | None) -> str:
+    """A local path holding ``root/name``: the file itself, or a downloaded copy for a URL root."""
+    if not is_url(root):
+        return os.path.join(root, name)
+    from litdata.streaming.downloader import get_downloader
+
+    local_dir = cache_dir or tempfile.mkdtemp(prefix="vitpipe-shards-")
+    os.makedirs(local_dir, exist_ok=True)
+    local = os.path.join(local_dir, name)
+    get_downloader(root, local_dir, []).download_file(f"{root.rstrip('/')}/{name}", local)
+    return local
+
+
+def read_index(root: str, cache_dir: str | None = None) -> dict:
+    """vitpipe's shard index under ``root`` (a folder or URL); ConfigError naming what is wrong."""
+    where = f"{root.rstrip('/')}/{INDEX_FILE}"
+    hint = "; write shards with scripts/make_shards.py data=<data config> out=DIR"
+    try:
+        with open(_fetch(root, INDEX_FILE, cache_dir)) as f:
+            index = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"data.root={root}: no shard index {where}{hint}") from None
+    except ValueError as err:
+        raise ConfigError(f"data.root={root}: {where} is not a shard index ({err}){hint}") from None
+    except Exception as err:  # a URL: the storage client's own error types
+        raise ConfigError(f"data.root={root}: cannot read {where} ({type(err).__name__}: {err})") from None
+    missing = [k for k in INDEX_KEYS if not isinstance(index, dict) or k not in index]
+    if missing or index["format"] != FORMAT_VERSION or "train" not in index["splits"]:
+        what = f"missing {', '.join(missing)}" if missing else "another format or no train split"
+        raise ConfigError(f"data.root={root}: {where} is not a vitpipe shard index ({what}){hint}")
+    return index
+
+
+class ShardSplit(Dataset):
+    """One split's shards as a map-style data set of ``(PIL image, label)``.
+
+    The LitData StreamingDataset opens lazily, in the process that reads (each loader worker).
+    """
+
+    def __init__(self, url: str, count: int, *, mode: str, cache_dir: str | None = None) -> None:
+        self.url, self.count, self.mode, self.cache_dir = url, count, mode, cache_dir
+        self._stream = None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def item(self, i: int) -> dict:
+        """The stored item: ``{"image": bytes, "label": int, "source_index": int}``."""
+        if self._stream is None:
+            from litdata import StreamingDataset
+
+            self._stream = StreamingDataset(self.url, cache_dir=self.cache_dir)
+        return self._stream[int(i)]
+
+    def __getitem__(self, i: int):
+        item = self.item(i)
+        return open_image(io.BytesIO(item["image"]), self.mode), int(item["label"])
+
+    def __getstate__(self) -> dict:  # workers open their own reader
+        return {**self.__dict__, "_stream": None}
+
+
+class ChunkSampler(ShardedSampler):
+    """ShardedSampler over chunked storage: chunk-local order, one contiguous block per rank.
+
+    Training order: the chunks in a random order, the items of each chunk in a random order (a
+    function of (seed, epoch), as for ShardedSampler), so a worker reads one chunk at a time
+    instead of one random chunk per image. Each rank takes a contiguous block of that order (a node
+    downloads about 1/world of the chunks), of the same length as ShardedSampler's strided share:
+    training pads from the head of the order, evaluation is not padded.
+    """
+
+    def __init__(self, chunk_sizes: list[int], **kwargs) -> None:
+        super().__init__(sum(chunk_sizes), **kwargs)
+        self.chunk_sizes = list(chunk_sizes)
+
+    def _order(self) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(self.n)
+        gen = torch.Generator().manual_seed(self.seed + self.epoch)
+        starts = torch.tensor([0, *self.chunk_sizes]).cumsum(0)
+        parts = [starts[c] + torch.randperm(self.chunk_sizes[c], generator=gen)
+                 for c in torch.randperm(len(self.chunk_sizes), generator=gen).tolist()]  # fmt: skip
+        return torch.cat(parts) if parts else torch.arange(0)
+
+    def _indices(self) -> list[int]:
+        order, world, rank = self._order(), self.num_replicas, self.rank
+        if self.pad:
+            total = len(self) * world
+            order = order.repeat(-(-total // max(self.n, 1)))[:total]  # the head again, as ShardedSampler
+            return order[rank * len(self) : (rank + 1) * len(self)].tolist()
+        start = rank * (self.n // world) + min(rank, self.n % world)
+        return order[start : start + len(self)].tolist()
+
+
+class ShardsDataModule(ClassificationDataModule):
+    """Images streamed from ``root`` (a folder or URL written by make_shards), standard path only.
+
+    Class names, channels, the native size and mean/std come from the shard index (mean/std can be
+    overridden); ``num_classes`` and ``channels`` are checked against it. ``cache_dir``: where chunks
+    of a URL root are downloaded (default: LitData's, under ~/.lightning). Not supported here, with
+    a one-line error: ``fast_path`` (the data is streamed, not held) and ``sampler=balanced`` (its
+    draws with replacement jump between chunks; balance the classes when writing the shards).
+    """
+
+    has_val_split = True  # make_shards always writes val/
+
+    def __init__(self, *, root: str, num_classes: int, channels: int, cache_dir: str | None = None,
+                 fast_path: bool = False, sampler: str = "default", mean=None, std=None, **kwargs) -> None:  # fmt: skip
+        if root is None or not str(root).strip():
+            raise ConfigError("data.root is required for shards (a folder or URL written by scripts/make_shards.py)")
+        if fast_path:
+            raise ConfigError("data.fast_path=true: shards are streamed from storage, not held in memory; "
+                              "set data.fast_path=false")  # fmt: skip
+        if sampler == "balanced":
+            raise ConfigError("data.sampler=balanced is not supported with data=shards (random draws across all "
+                              "chunks); use data.sampler=default or module.class_weights=balanced")  # fmt: skip
+        self.cache_dir = None if cache_dir is None else str(cache_dir)
+        self.index = read_index(str(root), self.cache_dir)
+        idx = self.index
+        info = DatasetInfo(
+            name=f"shards of {idx.get('source', 'data')}", num_classes=int(idx["num_classes"]),
+            channels=int(idx["channels"]), native_size=None if idx["native_size"] is None else tuple(idx["native_size"]),
+            mean=tuple(idx["mean"]), std=tuple(idx["std"]), class_names=tuple(idx["class_names"]),
+        )  # fmt: skip
+        super().__init__(info=info, root=str(root).rstrip("/"), num_classes=num_classes, channels=channels,
+                         fast_path=False, sampler=sampler, mean=mean, std=std, **kwargs)  # fmt: skip
+
+    def check(self) -> None:
+        if not is_url(self.root):  # a URL's chunks are checked by LitData as they download
+            for split in self.index["splits"]:
+                path = os.path.join(self.root, split, "index.json")
+                if not os.path.isfile(path):
+                    raise ConfigError(f"data.root={self.root}: {path} is missing (an incomplete copy of the shards?)")
+
+    def class_counts(self, split: str) -> list[int]:
+        """Images per class in a split, from the index (no data read)."""
+        return list(self.index["splits"][split]["class_counts"])
+
+    def _load(self, split: str) -> ShardSplit | None:
+        meta = self.index["splits"].get(split)
+        if meta is None:
+            return None
+        cache = None if self.cache_dir is None else os.path.join(self.cache_dir, split)
+        return ShardSplit(f"{self.root}/{split}", int(meta["count"]), mode="L" if self.channels == 1 else "RGB",
+                          cache_dir=cache)  # fmt: skip
+
+    def _loader(self, ds: Dataset, *, train: bool) -> DataLoader:
+        batch_size = self.batch_size if train else self.eval_batch_size
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        split = ds.base.url.rsplit("/", 1)[1]
+        sampler = ChunkSampler(self.index["splits"][split]["chunk_sizes"], num_replicas=world, rank=rank,
+                               shuffle=train and self.shuffle, seed=self.seed, pad=train)  # fmt: skip
+        if train:
+            sampler.skip = self.resume.take_offset(batch_size)
+        return DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0, pin_memory=self.pin_memory)  # fmt: skip
