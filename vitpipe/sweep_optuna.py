@@ -46,13 +46,16 @@ def rebuild_study(sweeper: dict, rows: list[dict], metric: str):
         if isinstance(dist, optuna.distributions.BaseDistribution):  # a fixed value is no search dimension
             space[key] = dist
     direction = sweeper.get("direction") or "minimize"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # not "A new study created in memory" per refresh
     study = optuna.create_study(direction=direction if isinstance(direction, str) else direction[0],
                                 study_name=str(sweeper.get("study_name") or "sweep"))
     for row in rows:
         if not isinstance(row.get(metric), (int, float)) or not all(k in row for k in space):
             continue
         params = {k: _decode(row[k], d) for k, d in space.items()}
-        study.add_trial(optuna.trial.create_trial(params=params, distributions=space, value=float(row[metric])))
+        with warnings.catch_warnings():  # "experimental" in optuna 2.10, stable since
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.add_trial(optuna.trial.create_trial(params=params, distributions=space, value=float(row[metric])))
     return study
 
 
@@ -75,7 +78,6 @@ def optuna_figures(sweep_dir: Path, rows: list[dict], metric: str) -> list[str]:
     import optuna
     from optuna.visualization import matplotlib as ovm
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # "A new study created in memory" per refresh
     import matplotlib
 
     written = []
