@@ -1,0 +1,81 @@
+"""Deletion / insertion AUC (vitpipe.viz.faithfulness): known answers on a model that looks at one patch,
+and on the pointing task's trained model (tests/test_pointing.py) rollout beats a random order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from test_pointing import trained  # noqa: F401  (the module-scoped fixture: a ViT trained on the quadrant task)
+from vitpipe.errors import ConfigError
+from vitpipe.viz.faithfulness import (
+    auc,
+    deletion_insertion,
+    faithfulness_table,
+    format_table,
+    perturbation_curves,
+    random_maps,
+)
+from vitpipe.viz.rollout import gradient_rollout, rollout_for_model
+
+GRID, PATCH = 4, 8  # 32 x 32 images, 16 patches
+KEY = (1, 2)  # the one patch the toy model reads
+
+
+class OnePatchModel(nn.Module):
+    """Two classes from one patch's mean: class 0 (p ~ 1) when it holds the image (value 1), p ~ 0 once
+    it holds the fill (0). Every other patch is ignored."""
+
+    def forward(self, x):
+        r, c = KEY
+        m = x[:, :, r * PATCH:(r + 1) * PATCH, c * PATCH:(c + 1) * PATCH].mean(dim=(1, 2, 3))  # (B,)
+        logit = 20.0 * (m - 0.5)
+        return torch.stack([logit, -logit], dim=1)  # (B, 2)
+
+
+def toy_maps(first: bool) -> torch.Tensor:
+    """(2, 4, 4) maps ranking the key patch first (or last, the reversed map)."""
+    ranks = torch.arange(GRID * GRID, dtype=torch.float32).reshape(GRID, GRID)  # a distinct order for the rest
+    ranks[KEY] = 100.0 if first else -100.0
+    return ranks.expand(2, GRID, GRID)
+
+
+def test_known_answers_on_a_one_patch_model():
+    net, x = OnePatchModel(), torch.ones(2, 1, GRID * PATCH, GRID * PATCH)
+    steps = GRID * GRID
+    d, i = deletion_insertion(net, x, toy_maps(first=True))
+    # the key patch goes (or comes back) at the first step: the curve drops from 1 to 0 (rises from 0 to 1)
+    # after 1/16 of the patches; the trapezoid gives half of that first interval
+    assert d.tolist() == pytest.approx([0.5 / steps] * 2, abs=1e-3)
+    assert i.tolist() == pytest.approx([1 - 0.5 / steps] * 2, abs=1e-3)
+    d_rev, i_rev = deletion_insertion(net, x, toy_maps(first=False))  # the key patch last: the opposite
+    assert d_rev.tolist() == pytest.approx([1 - 0.5 / steps] * 2, abs=1e-3)
+    assert i_rev.tolist() == pytest.approx([0.5 / steps] * 2, abs=1e-3)
+    curve = perturbation_curves(net, x, toy_maps(first=True), mode="deletion", steps=4)
+    assert curve.shape == (2, 5) and curve[:, 0].min() > 0.99 and curve[:, 1:].max() < 0.01
+    # a random order lands in between: the key patch's place is uniform, so the deletion AUC is about 1/2
+    d_rand, _ = deletion_insertion(net, torch.ones(64, 1, 32, 32), random_maps(torch.zeros(64, GRID, GRID)))
+    assert 0.3 < d_rand.mean().item() < 0.7
+
+
+def test_auc_and_bad_options():
+    assert auc(torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])).tolist() == pytest.approx([1.0, 0.25])
+    net, x = OnePatchModel(), torch.ones(1, 1, 32, 32)
+    with pytest.raises(ConfigError, match=r"fill='noise' is not valid; choose one of \['mean', 'blur'\]"):
+        deletion_insertion(net, x, toy_maps(True)[:1], fill="noise")
+    with pytest.raises(ConfigError, match=r"maps of 5x5 patches do not tile 32x32 images"):
+        deletion_insertion(net, x, torch.rand(1, 5, 5))
+
+
+def test_rollout_beats_random_on_the_pointing_model(trained):  # noqa: F811
+    model, x, _, _ = trained
+    x = x[:64]
+    rows = faithfulness_table(model, x, {"rollout": rollout_for_model(model, x),
+                                         "gradient": gradient_rollout(model, x)}, seed=0)
+    print("\n" + format_table(rows))
+    by = {r["method"]: r for r in rows}
+    assert [r["method"] for r in rows] == ["rollout", "gradient", "random"] and by["random"]["n_images"] == 64
+    for method in ("rollout", "gradient"):
+        assert by[method]["deletion_auc"] < by["random"]["deletion_auc"] - 0.1, format_table(rows)
+        assert by[method]["insertion_auc"] > by["random"]["insertion_auc"] + 0.1, format_table(rows)
