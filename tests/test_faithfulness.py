@@ -79,3 +79,38 @@ def test_rollout_beats_random_on_the_pointing_model(trained):  # noqa: F811
     for method in ("rollout", "gradient"):
         assert by[method]["deletion_auc"] < by["random"]["deletion_auc"] - 0.1, format_table(rows)
         assert by[method]["insertion_auc"] > by["random"]["insertion_auc"] + 0.1, format_table(rows)
+
+
+def test_visualize_faithfulness_writes_the_table(tmp_path_factory, capsys):
+    """scripts/visualize_attention.py's body with faithfulness=true side_by_side=true on a tiny checkpoint."""
+    import csv
+
+    import tiny_checkpoints as tc
+    from PIL import Image
+
+    from conftest import make_cfg
+    from vitpipe.checkpoint import load_from_checkpoint
+    from vitpipe.viz.visualize import split_images, visualize
+
+    tmp = tmp_path_factory.mktemp("faith")
+    ckpt = tc.checkpoint("sincos2d", tmp_path_factory.mktemp("ckpt"))
+    out = tmp / "out"
+    cfg = make_cfg(tmp, [f"ckpt_path={ckpt}", "images=test", "num_images=6", "method=rollout", "faithfulness=true",
+                         "side_by_side=true", "ncols=4", f"out={out}"], config_name="visualize")
+    written = visualize(cfg)
+    assert out / "faithfulness.csv" in written
+    with open(out / "faithfulness.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["method"] for r in rows] == ["rollout", "gradient", "random"]
+    assert all(r["n_images"] == "6" and r["fill"] == "mean" for r in rows)
+    assert all(0.0 <= float(r[k]) <= 1.0 for r in rows for k in ("deletion_auc", "insertion_auc"))
+    printed = capsys.readouterr().out
+    assert "deletion AUC (lower is better)" in printed and "insertion AUC (higher is better)" in printed
+    # the CSV's rollout row is the function's answer on the same images (the first 6 of the test split)
+    net, _, dm = load_from_checkpoint(ckpt)
+    x = split_images(dm, "test", 6, mean=dm.mean, std=dm.std, channels=1).x  # as the model sees them
+    d, i = deletion_insertion(net, x, rollout_for_model(net, x))
+    assert float(rows[0]["deletion_auc"]) == pytest.approx(d.mean().item(), abs=1e-4)
+    assert float(rows[0]["insertion_auc"]) == pytest.approx(i.mean().item(), abs=1e-4)
+    with Image.open(out / "rollout_grid.png") as im:  # side by side: 4 pairs of 250 px panels per row, 2 rows
+        assert im.size == (4 * 2 * 250, 2 * 275)

@@ -143,6 +143,16 @@ def test_folder_images_are_preprocessed_like_the_data(classifier_ckpt, image_fol
     assert torch.allclose(maps["probs"].sum(-1), torch.ones(2))
 
 
+def test_16_bit_folder_images_are_not_white(tmp_path, classifier_ckpt):
+    """A 16-bit gray PNG (values around 1/4 of 65535) reads as dark gray, as the data sets read it (open_image)."""
+    folder = tmp_path / "sixteen"
+    folder.mkdir()
+    Image.fromarray(np.full((16, 16), 16000, dtype=np.uint16)).save(folder / "a.png")
+    net, _, dm = load_from_checkpoint(classifier_ckpt)
+    images = viz.folder_images(folder, None, encoder=net, mean=dm.mean, std=dm.std, channels=1)
+    assert images.display.mean().item() == pytest.approx((16000 >> 8) / 255, abs=1e-3)  # not 1.0 (white)
+
+
 def test_test_split(tmp_path, classifier_ckpt):
     written = viz.visualize(viz_cfg(tmp_path, classifier_ckpt, "test", "num_images=5", "method=rollout", "ncols=2"))
     out = tmp_path / "out"

@@ -108,11 +108,14 @@ def overlay_grid(
     alpha: float = 0.5,
     cmap: str = "jet",
     panel_size: float = 2.5,
+    side_by_side: bool = False,
 ) -> Figure:
-    """A figure with one overlay per image.
+    """A figure with one overlay per image (``ncols`` per row).
 
     images: (B, C, H, W) tensor or a list of images (any ``to_numpy_image`` input);
     heatmaps: (B, h, w) tensor or a list of (h, w) maps; titles: one per image.
+    side_by_side: each image is drawn beside its overlay (two panels per entry, the title over the pair),
+    so the object stays visible under the map.
     """
     images, heatmaps = list(images), list(heatmaps)
     if len(images) != len(heatmaps):
@@ -123,6 +126,9 @@ def overlay_grid(
         raise ConfigError("overlay_grid needs at least one image")
     ncols = max(1, min(ncols, len(images)))
     nrows = math.ceil(len(images) / ncols)
+    if side_by_side:
+        return _pairs_grid(images, heatmaps, titles, ncols=ncols, nrows=nrows, alpha=alpha, cmap=cmap,
+                           panel_size=panel_size)
     fig = Figure(figsize=(panel_size * ncols, panel_size * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for i, ax in enumerate(axes):
@@ -132,6 +138,22 @@ def overlay_grid(
         overlay(images[i], heatmaps[i], alpha=alpha, cmap=cmap, ax=ax)
         if titles is not None:
             ax.set_title(str(titles[i]), fontsize=9)
+    return fig
+
+
+def _pairs_grid(images, heatmaps, titles, *, ncols, nrows, alpha, cmap, panel_size) -> Figure:
+    """``overlay_grid(side_by_side=True)``: one subfigure per entry holding the image and its overlay."""
+    fig = Figure(figsize=(2 * panel_size * ncols, panel_size * nrows + 0.25 * nrows), layout="constrained")
+    subfigs = fig.subfigures(nrows, ncols, squeeze=False).ravel()
+    for i, sub in enumerate(subfigs):
+        if i >= len(images):
+            continue
+        left, right = sub.subplots(1, 2)
+        left.imshow(to_numpy_image(images[i]))
+        left.set_axis_off()
+        overlay(images[i], heatmaps[i], alpha=alpha, cmap=cmap, ax=right)
+        if titles is not None:
+            sub.suptitle(str(titles[i]), fontsize=9)
     return fig
 
 

@@ -9,10 +9,16 @@ Classifiers: kind ``rollout`` (Abnar & Zuidema 2020), ``gradient`` (Chefer et al
 predicted class) and ``heads`` (each head of the last layer, the class token's row). Captioners:
 kind ``caption`` (the generated caption, one cross-attention overlay per generated word), plus
 ``rollout``/``heads`` of the ViT encoder when the method asks for them.
+
+``side_by_side=true`` draws each grid entry as the image beside its overlay, titled with the class names;
+``faithfulness=true`` (classifiers) also measures rollout and gradient rollout against a random patch order
+by deletion / insertion AUC (vitpipe.viz.faithfulness), prints the table and writes <out>/faithfulness.csv.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 import textwrap
 from dataclasses import dataclass
@@ -28,7 +34,10 @@ from tqdm import tqdm
 
 from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
 from vitpipe.data.fast import to_model_input
+from vitpipe.data.images import open_image
 from vitpipe.errors import ConfigError
+from vitpipe.runinfo import atomic_write_text
+from vitpipe.viz.faithfulness import FILLS, check_steps, faithfulness_table, format_table
 from vitpipe.viz.overlay import overlay, overlay_grid, save_figure, to_numpy_image, unnormalize
 from vitpipe.viz.rollout import (
     attention_maps,
@@ -66,6 +75,9 @@ def check_options(cfg: DictConfig) -> None:
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ConfigError(f"{key}={n!r} is not valid; use a positive int, or null for " +
                               ("every image" if key == "num_images" else "the decoder's max_len"))
+    if cfg.get("faithfulness_fill", "mean") not in FILLS:
+        raise ConfigError(f"faithfulness_fill={cfg.faithfulness_fill!r} is not valid; choose one of {list(FILLS)}")
+    check_steps(cfg.get("faithfulness_steps"))
     if cfg.images is None or str(cfg.images) == "":
         raise ConfigError(f"images is not set; pass a folder of images or a data split: {list(SPLITS)}")
     if str(cfg.images) not in SPLITS and not Path(str(cfg.images)).is_dir():
@@ -101,8 +113,6 @@ def data_stats(dm, encoder) -> tuple[tuple[float, ...], tuple[float, ...], int]:
 
 def folder_images(folder: Path, num_images: int | None, *, encoder, mean, std, channels: int) -> Images:
     """Images of a folder (sorted by name), resized whole to the model's img_size and normalised."""
-    from PIL import Image
-
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise ConfigError(
@@ -113,9 +123,9 @@ def folder_images(folder: Path, num_images: int | None, *, encoder, mean, std, c
     xs = []
     for f in files:
         try:
-            with Image.open(f) as im:
-                pixels = np.asarray(im.convert("L" if channels == 1 else "RGB"))
-        except OSError as e:
+            # open_image: 16-bit files scaled to 8 bits (a plain convert() clips them to white)
+            pixels = np.asarray(open_image(f, "L" if channels == 1 else "RGB"))
+        except (OSError, ValueError) as e:
             raise ConfigError(f"cannot read image {f}: {e}; remove it or pass another folder") from None
         x = torch.from_numpy(pixels.copy())
         x = x[None] if x.dim() == 2 else x.permute(2, 0, 1)  # (C, h, w) uint8
@@ -256,6 +266,9 @@ def visualize(cfg: DictConfig) -> list[Path]:
     net, dm = run.net, run.datamodule
     captioner = hasattr(net, "generate")
     kinds = kinds_for(cfg.method, captioner)
+    if cfg.get("faithfulness") and captioner:
+        raise ConfigError("faithfulness=true needs a class probability, and this checkpoint is a captioner; "
+                          "use it with classifier checkpoints")
     encoder = net.encoder if captioner else net
     mean, std, channels = data_stats(dm, encoder)
 
@@ -270,6 +283,7 @@ def visualize(cfg: DictConfig) -> list[Path]:
     net.to(device)
     out = Path(cfg.out)
     style = {"alpha": cfg.alpha, "cmap": cfg.cmap}
+    side_by_side = bool(cfg.get("side_by_side", False))
     written: list[Path] = []
     grid: dict[str, list] = {k: [] for k in kinds}  # per kind: (heatmap(s), title) per image
     bar = tqdm(total=len(images.x), desc="attention maps", unit="img")
@@ -305,10 +319,37 @@ def visualize(cfg: DictConfig) -> list[Path]:
                                [h for heads, _ in rows for h in heads],
                                [f"{n} h{h}" for n in images.names for h in range(num_heads)], ncols=num_heads, **style)
         else:
-            fig = overlay_grid(images.display, [m for m, _ in rows], [t for _, t in rows], ncols=cfg.ncols, **style)
+            fig = overlay_grid(images.display, [m for m, _ in rows], [t for _, t in rows], ncols=cfg.ncols,
+                               side_by_side=side_by_side and kind != "caption", **style)
         written.append(save_figure(fig, out / f"{kind}_grid.png", dpi=cfg.dpi))
     print(f"vitpipe visualize: {len(written)} PNG files ({', '.join(kinds)}) under {out}")
+    if cfg.get("faithfulness"):
+        written.append(write_faithfulness(encoder, images.x, out, cfg, device))
     return written
+
+
+def write_faithfulness(net, x: Tensor, out: Path, cfg: DictConfig, device: torch.device) -> Path:
+    """Deletion / insertion AUC of rollout and gradient rollout vs a random order: printed, and as CSV."""
+    maps: dict[str, list[Tensor]] = {"rollout": [], "gradient": []}
+    for start in range(0, len(x), cfg.batch_size):
+        batch = classifier_maps(net, x[start:start + cfg.batch_size].to(device), list(maps),
+                                head_fusion=cfg.head_fusion, discard_ratio=cfg.discard_ratio)
+        for k in maps:
+            maps[k].append(batch[k])
+    rows = faithfulness_table(net, x.to(device), {k: torch.cat(v) for k, v in maps.items()},
+                              fill=cfg.get("faithfulness_fill", "mean"), steps=cfg.get("faithfulness_steps"),
+                              batch_size=cfg.batch_size)
+    print(f"faithfulness (fill={cfg.get('faithfulness_fill', 'mean')}; the probability of the predicted class as "
+          "patches are deleted / inserted in each map's order):")
+    print(format_table(rows))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=[*rows[0], "fill"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({**r, "deletion_auc": f"{r['deletion_auc']:.4f}", "insertion_auc": f"{r['insertion_auc']:.4f}",
+                      "fill": cfg.get("faithfulness_fill", "mean")} for r in rows)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "faithfulness.csv", buf.getvalue())
+    return out / "faithfulness.csv"
 
 
 def _device(name: str) -> torch.device:
