@@ -40,7 +40,8 @@ def optuna_sweep(root: Path, n: int) -> Path:
     for i in range(n):
         lr = 0.001038445306856572 * (1 + 0.37 * i)
         overrides = [f"module.optimizer.lr={lr!r}", f"module.optimizer.weight_decay={0.0137684495906 * (i + 1)!r}",
-                     f"module.label_smoothing={(0.0, 0.1)[i % 2]}", f"model.pos_embed={('learned', 'sincos2d', 'rope2d')[i % 3]}",
+                     f"module.label_smoothing={(0.0, 0.1)[i % 2]}",
+                     f"model.pos_embed={('learned', 'sincos2d', 'rope2d')[i % 3]}",
                      *FIXED]
         metrics = None if n > 3 and i == n - 1 else {"val/acc_best": 0.5 + 0.3 * (i % 3) / 3 + 0.01 * i,
                                                      "val/loss": 1.0 / (i + 1), "train/loss": 2.2907290458679}

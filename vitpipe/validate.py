@@ -48,7 +48,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "module.optimizer.lr": (lambda v: _number(v) and v > 0, "must be a number > 0"),
     "data.batch_size": (lambda v: _int(v) and v >= 1, "must be a positive integer"),
     "data.eval_batch_size": (lambda v: v is None or (_int(v) and v >= 1), "must be a positive integer or null"),
-    "data.num_workers": (lambda v: _int(v) and v >= 0, "must be an integer >= 0"),
+    "data.num_workers": (lambda v: v is None or (_int(v) and v >= 0), "must be an integer >= 0, or null (auto)"),
     "trainer.max_epochs": (lambda v: v is None or (_int(v) and v >= -1), "must be an integer >= 0 (-1: no limit)"),
     "trainer.max_steps": (lambda v: _int(v) and v >= -1, "must be an integer >= 0 (-1: no limit)"),
     "trainer.accumulate_grad_batches": (lambda v: _int(v) and v >= 1, "must be a positive integer"),

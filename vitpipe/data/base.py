@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vitpipe.data.balance import BalancedSampler, dataset_labels
 from vitpipe.data.checks import check_int, to_hw
+from vitpipe.data.workers import local_world_size, resolve_num_workers
 from vitpipe.data.fast import TensorImageDataset, identity_collate, random_crop, random_hflip, to_model_input
 from vitpipe.data.resume import ResumeState
 from vitpipe.data.sampler import ShardedSampler
@@ -58,7 +59,8 @@ class ClassificationDataModule(L.LightningDataModule):
         num_classes, channels: the static values the config carries so other groups can
             interpolate them; checked against the data set (ConfigError on mismatch).
         batch_size, eval_batch_size: train batch, val/test batch (default: batch_size).
-        num_workers: loader processes for the standard path (the fast path uses none).
+        num_workers: loader processes for the standard path (the fast path uses none); None: chosen
+            from this machine's CPUs and the processes per node (vitpipe.data.workers).
         val_split: validation fraction in [0, 1) or a count of training images; taken from
             the training set by a permutation seeded with ``seed`` (unless the data set has
             its own validation split, e.g. an image folder's val/).
@@ -90,7 +92,7 @@ class ClassificationDataModule(L.LightningDataModule):
         download: bool = False,
         batch_size: int = 128,
         eval_batch_size: int | None = None,
-        num_workers: int = 0,
+        num_workers: int | None = 0,
         val_split: float | int = 0.1,
         seed: int = 0,
         shuffle: bool = True,
@@ -117,7 +119,7 @@ class ClassificationDataModule(L.LightningDataModule):
         self.eval_batch_size = check_int(
             batch_size if eval_batch_size is None else eval_batch_size, "data.eval_batch_size"
         )
-        self.num_workers = check_int(num_workers, "data.num_workers", minimum=0)
+        self.num_workers = None if num_workers is None else check_int(num_workers, "data.num_workers", minimum=0)
         self.val_split = check_val_split(val_split)
         self.seed, self.shuffle = int(seed), bool(shuffle)
         if sampler not in ("default", "balanced"):
@@ -321,8 +323,9 @@ class ClassificationDataModule(L.LightningDataModule):
             return DataLoader(
                 ds, batch_size=batch_size, sampler=sampler, collate_fn=identity_collate, pin_memory=self.pin_memory
             )
-        return DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0, pin_memory=self.pin_memory)  # fmt: skip
+        workers = resolve_num_workers(self.num_workers, local_world_size(self.trainer))
+        return DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                          persistent_workers=workers > 0, pin_memory=self.pin_memory)  # fmt: skip
 
     def _require(self, ds: Dataset | None, stage: str) -> Dataset:
         if ds is None:

@@ -116,7 +116,8 @@ def faithfulness_table(net: nn.Module, x: Tensor, methods: dict[str, Tensor], *,
 
 def format_table(rows: list[dict]) -> str:
     """The table as aligned text (what the CLI prints)."""
-    head = f"{'method':<12} {'deletion AUC (lower is better)':>31} {'insertion AUC (higher is better)':>33} {'n images':>9}"
+    head = (f"{'method':<12} {'deletion AUC (lower is better)':>31} {'insertion AUC (higher is better)':>33} "
+            f"{'n images':>9}")
     lines = [head] + [f"{r['method']:<12} {r['deletion_auc']:>31.3f} {r['insertion_auc']:>33.3f} {r['n_images']:>9d}"
                       for r in rows]
     return "\n".join(lines)

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from vitpipe.data.workers import local_world_size, resolve_num_workers
 from vitpipe.data.sampler import ShardedSampler
 from vitpipe.errors import ConfigError
 from vitpipe.text.tokenizer import WordTokenizer
@@ -69,7 +70,8 @@ class CaptionDataModule(L.LightningDataModule):
     channels = 3  # both caption sets are colour images
 
     def __init__(self, *, channels: int = 3, batch_size: int = 64, eval_batch_size: int | None = None,
-                 num_workers: int = 0, max_len: int = 32, min_word_freq: int = 1, pin_memory: bool = False) -> None:
+                 num_workers: int | None = 0, max_len: int = 32, min_word_freq: int = 1,
+                 pin_memory: bool = False) -> None:
         super().__init__()
         if channels != self.channels:
             raise ConfigError(f"data.channels={channels} but {type(self).__name__} images have {self.channels} channels")
@@ -125,10 +127,11 @@ class CaptionDataModule(L.LightningDataModule):
             world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
             sampler = ShardedSampler(len(self._dataset(split)), num_replicas=world, rank=rank, shuffle=False,
                                      pad=False)
+        workers = resolve_num_workers(self.num_workers, local_world_size(self.trainer))  # None: from the CPUs
         return DataLoader(self._dataset(split), batch_size=self.batch_size if train else self.eval_batch_size,
-                          shuffle=train, sampler=sampler, drop_last=False, num_workers=self.num_workers,
+                          shuffle=train, sampler=sampler, drop_last=False, num_workers=workers,
                           collate_fn=CaptionCollate(self.tokenizer, self.max_len), pin_memory=self.pin_memory,
-                          persistent_workers=self.num_workers > 0)
+                          persistent_workers=workers > 0)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")
