@@ -4,7 +4,8 @@
     python scripts/benchmark.py --only vit --device cuda --precision bf16-mixed --compile --batch-size 256
 
 Comparisons (--only, comma-separated): vit (vitpipe vs timm, same weights), lightning (plain loop vs
-Trainer.fit), data (fast path vs PIL DataLoader), switches (fused AdamW, compile, channels-last, SDPA
+Trainer.fit), data (fast path vs PIL DataLoader), shards (data=shards vs data=imagefolder reading the
+same JPEG files, decoding + augmenting in ``--workers`` processes), switches (fused AdamW, compile, channels-last, SDPA
 backends). Contenders alternate (A B, B A, ...) so a shared machine's load hits them alike; the
 figure is the median over repeats of each repeat's median step time, warm-up steps excluded.
 
@@ -53,7 +54,7 @@ from vitpipe.train import build
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SCHEMA = "vitpipe.bench/1"
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")  # Lightning's names; the plain loops autocast the same way
-COMPARISONS = ("vit", "lightning", "data", "switches")
+COMPARISONS = ("vit", "lightning", "data", "shards", "switches")
 DEFAULT_ONLY = ("vit", "lightning", "data")
 # name -> what differs from the eager baseline (torch's default AdamW: per-tensor loop on CPU, foreach on CUDA)
 SWITCHES = {
@@ -313,6 +314,48 @@ def compare_data(cfg: BenchConfig) -> dict:
             "native_size": PIL_NATIVE_SIZE}
 
 
+def compare_shards(cfg: BenchConfig, *, native_size: int = 96) -> dict:
+    """data=shards vs data=imagefolder over the same JPEG files (random pixels, ``native_size`` px, 2
+    classes): both loaders decode and apply the training transforms (RandomResizedCrop, flip) in
+    ``workers`` processes; the shards are written once by make_shards (one 64 MB chunk)."""
+    import tempfile
+
+    import numpy as np
+
+    from vitpipe.data import ImageFolderDataModule
+    from vitpipe.data.make_shards import make_shards
+    from vitpipe.data.shards import ShardsDataModule
+
+    n = (cfg.warmup + cfg.steps) * cfg.batch_size
+    rng = np.random.default_rng(cfg.seed)
+    with tempfile.TemporaryDirectory(prefix="vitpipe-bench-shards-") as tmp:
+        for i in range(n):
+            folder = Path(tmp, "images", "train", f"c{i % 2}")
+            folder.mkdir(parents=True, exist_ok=True)
+            pixels = rng.integers(0, 256, (native_size, native_size, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"{i}.jpg", quality=90)
+        common = dict(num_classes=2, channels=3, img_size=cfg.size, in_chans=3, batch_size=cfg.batch_size,
+                      num_workers=cfg.workers, pin_memory=cfg.device == "cuda", val_split=0)
+        folder_dm = ImageFolderDataModule(root=str(Path(tmp, "images")), **common)
+        make_shards(folder_dm, str(Path(tmp, "shards")))
+        modules = {"imagefolder": folder_dm, "shards": ShardsDataModule(root=str(Path(tmp, "shards")), **common)}
+        for dm in modules.values():
+            dm.setup("fit")
+
+        def drain(name: str) -> list[float]:
+            clock = StepClock(warmup=cfg.warmup, device=cfg.device)
+            for x, y in modules[name].train_dataloader():
+                x, y = x.to(cfg.device, non_blocking=True), y.to(cfg.device, non_blocking=True)
+                clock.tick()
+            return clock.times()
+
+        times = interleave_runs({name: lambda name=name: drain(name) for name in modules}, repeats=cfg.repeats)
+    contenders = {name: {"load": summarize(t, cfg.batch_size)} for name, t in times.items()}
+    ratio = contenders["shards"]["load"]["img_s"] / contenders["imagefolder"]["load"]["img_s"]
+    return {"contenders": contenders, "ratios": {"throughput shards/imagefolder": ratio}, "workers": cfg.workers,
+            "native_size": native_size}
+
+
 def compare_switches(cfg: BenchConfig) -> dict:
     """Each speed switch against the eager baseline (torch's defaults) on the recipe's ViT, train step."""
     train_cfg = recipe(cfg)
@@ -350,7 +393,8 @@ def _with_backend(step, backend) -> None:
         step()
 
 
-RUNNERS = {"vit": compare_vit, "lightning": compare_lightning, "data": compare_data, "switches": compare_switches}
+RUNNERS = {"vit": compare_vit, "lightning": compare_lightning, "data": compare_data, "shards": compare_shards,
+           "switches": compare_switches}
 
 
 # --------------------------------------------------------------------------- run and report

@@ -121,6 +121,9 @@ def make_shards(dm: ClassificationDataModule, out: str, *, shard_size: str = "64
         index["class_names"] = [str(c) for c in range(dm.num_classes)]
     for split, (ds, indices) in splits.items():
         split_dir = os.path.join(out, split)
+        if not indices:  # e.g. val_split=0: nothing to write (LitData writes no index for no items)
+            index["splits"][split] = {"count": 0, "chunk_sizes": [], "class_counts": [0] * dm.num_classes}
+            continue
         if _complete_count(split_dir) == len(indices):
             print(f"make_shards: {split_dir} is complete ({len(indices)} images), kept")
         else:

@@ -166,7 +166,9 @@ class ShardsDataModule(ClassificationDataModule):
 
     def check(self) -> None:
         if not is_url(self.root):  # a URL's chunks are checked by LitData as they download
-            for split in self.index["splits"]:
+            for split, meta in self.index["splits"].items():
+                if not meta["count"]:
+                    continue
                 path = os.path.join(self.root, split, "index.json")
                 if not os.path.isfile(path):
                     raise ConfigError(f"data.root={self.root}: {path} is missing (an incomplete copy of the shards?)")
