@@ -76,6 +76,8 @@ class ShardSplit(Dataset):
     """
 
     def __init__(self, url: str, count: int, *, mode: str, cache_dir: str | None = None) -> None:
+        import litdata  # noqa: F401  (here, in the parent: forked loader workers then skip a ~1 s import each)
+
         self.url, self.count, self.mode, self.cache_dir = url, count, mode, cache_dir
         self._stream = None
 
