@@ -308,14 +308,17 @@ class ClassificationDataModule(L.LightningDataModule):
             )
         return TensorImageDataset(images, labels)
 
+    def _sampler(self, ds: Dataset, *, train: bool, world: int, rank: int) -> ShardedSampler:
+        """This rank's share of ``ds``: training shards padded to equal length, evaluation shards not."""
+        if train and self.sampler == "balanced":
+            return BalancedSampler(dataset_labels(ds), num_replicas=world, rank=rank, seed=self.seed)
+        return ShardedSampler(len(ds), num_replicas=world, rank=rank, shuffle=train and self.shuffle,
+                              seed=self.seed, pad=train)  # fmt: skip
+
     def _loader(self, ds: Dataset, *, train: bool) -> DataLoader:
         batch_size = self.batch_size if train else self.eval_batch_size
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
-        if train and self.sampler == "balanced":
-            sampler = BalancedSampler(dataset_labels(ds), num_replicas=world, rank=rank, seed=self.seed)
-        else:
-            sampler = ShardedSampler(len(ds), num_replicas=world, rank=rank, shuffle=train and self.shuffle,
-                                     seed=self.seed, pad=train)  # fmt: skip
+        sampler = self._sampler(ds, train=train, world=world, rank=rank)
         if train:
             sampler.skip = self.resume.take_offset(batch_size)
         if self.fast_path:

@@ -19,7 +19,7 @@ import os
 import tempfile
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from vitpipe.data.base import ClassificationDataModule, DatasetInfo
 from vitpipe.data.images import open_image
@@ -187,13 +187,7 @@ class ShardsDataModule(ClassificationDataModule):
         return ShardSplit(f"{self.root}/{split}", int(meta["count"]), mode="L" if self.channels == 1 else "RGB",
                           cache_dir=cache)  # fmt: skip
 
-    def _loader(self, ds: Dataset, *, train: bool) -> DataLoader:
-        batch_size = self.batch_size if train else self.eval_batch_size
-        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+    def _sampler(self, ds: Dataset, *, train: bool, world: int, rank: int) -> ChunkSampler:
         split = ds.base.url.rsplit("/", 1)[1]
-        sampler = ChunkSampler(self.index["splits"][split]["chunk_sizes"], num_replicas=world, rank=rank,
-                               shuffle=train and self.shuffle, seed=self.seed, pad=train)  # fmt: skip
-        if train:
-            sampler.skip = self.resume.take_offset(batch_size)
-        return DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0, pin_memory=self.pin_memory)  # fmt: skip
+        return ChunkSampler(self.index["splits"][split]["chunk_sizes"], num_replicas=world, rank=rank,
+                            shuffle=train and self.shuffle, seed=self.seed, pad=train)  # fmt: skip
