@@ -175,7 +175,7 @@ def test_recipe_fast_dev_run_on_a_small_variant(fake_cifar, ti_cache, tmp_path):
 
 @pytest.mark.slow
 def test_recipe_fast_dev_run_with_vit_b16_weights(fake_cifar, tmp_path):
-    """The headline command itself, with ~400 MB of random ViT-B/16 in21k weights in the cache."""
+    """The headline command itself, with 410 MB of random ViT-B/16 in21k weights in the cache."""
     home = tmp_path / "hf"
     fill_hf_cache(home, B16_RECIPE_NAME)
     r = _recipe_run(tmp_path, fake_cifar, home)
