@@ -49,7 +49,10 @@ log = logging.getLogger(__name__)
 # conf/model, conf/data and conf/module use (tests/test_checkpoint.py keeps them in step), plus the
 # plain torch optimizers a user may pick on the command line. Never a generic importer
 # (hydra.utils.get_class / get_method, lightning's instantiate_class): they call whatever path they get.
-_OPTIMIZERS = {"torch.optim.AdamW", "torch.optim.Adam", "torch.optim.SGD", "timm.scheduler.CosineLRScheduler"}
+_OPTIMIZERS = {"torch.optim.AdamW", "torch.optim.Adam", "torch.optim.SGD", "timm.scheduler.CosineLRScheduler"} | {
+    f"torch.optim.lr_scheduler.{name}"  # build_scheduler accepts torch's own schedulers too
+    for name in ("CosineAnnealingLR", "OneCycleLR", "LinearLR", "StepLR", "MultiStepLR", "ExponentialLR")
+}
 ALLOWED_TARGETS: dict[str, frozenset[str]] = {
     "model": frozenset({"vitpipe.create_model", "vitpipe.models.captioner.Captioner"}),
     "data": frozenset({

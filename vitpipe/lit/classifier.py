@@ -142,7 +142,7 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
     def _eval_step(self, batch, loss_metric, metrics, prefix: str) -> torch.Tensor:
         x, y = batch
         logits = self.eval_net(x)
-        loss_metric(F.cross_entropy(logits, y))
+        loss_metric(F.cross_entropy(logits, y), weight=len(y))  # per image: the last batch is often smaller
         metrics.update(logits, y)
         self.log(f"{prefix}/loss", loss_metric, on_step=False, on_epoch=True, prog_bar=prefix == "val")
         return logits
