@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vitpipe.data.balance import BalancedSampler, dataset_labels
 from vitpipe.data.checks import check_int, to_hw
+from vitpipe.data.erasing import random_erasing
 from vitpipe.data.workers import local_world_size, resolve_num_workers
 from vitpipe.data.fast import TensorImageDataset, identity_collate, random_crop, random_hflip, to_model_input
 from vitpipe.data.resume import ResumeState
@@ -69,6 +70,8 @@ class ClassificationDataModule(L.LightningDataModule):
             epoch drawn with replacement, vitpipe.data.balance; needs shuffle).
         augment, hflip, crop_padding: training augmentation (random crop with zero padding,
             horizontal flip); auto_augment: a timm RandAugment string (standard path only).
+        random_erasing: probability of erasing one random box per training image (timm's
+            RandomErasing, mode pixel; both paths, vitpipe.data.erasing). DeiT: 0.25.
         fast_path: hold each split as one uint8 tensor and augment batched on the device
             (see vitpipe.data.fast); False: torchvision data sets + v2 transforms in workers.
         antialias: antialias when resizing (both paths; off by default, which is exact for
@@ -101,6 +104,7 @@ class ClassificationDataModule(L.LightningDataModule):
         hflip: bool = True,
         crop_padding: int = 4,
         auto_augment: str | None = None,
+        random_erasing: float = 0.0,
         fast_path: bool = True,
         pin_memory: bool = False,
         antialias: bool = False,
@@ -131,6 +135,9 @@ class ClassificationDataModule(L.LightningDataModule):
         self.augment, self.hflip, self.fast_path = bool(augment), bool(hflip), bool(fast_path)
         self.crop_padding = check_int(crop_padding, "data.crop_padding", minimum=0)
         self.auto_augment = auto_augment or None
+        if not 0.0 <= float(random_erasing) <= 1.0:
+            raise ConfigError(f"data.random_erasing={random_erasing!r} is a probability: use a value in [0, 1] (DeiT: 0.25)")
+        self.random_erasing = float(random_erasing)
         self.pin_memory, self.antialias = bool(pin_memory), bool(antialias)
 
         # Static facts the config carries, checked against what the data set is.
@@ -250,15 +257,19 @@ class ClassificationDataModule(L.LightningDataModule):
         Under a fit loop the crops and flips come from the resume state's generator (the same
         after a resume, different per rank); otherwise (a benchmark) from the global RNG.
         """
+        gen = None
         if train and self.augment:
             observed = self.resume.observe(self.trainer)
             gen = self.resume.generator(x.device, self.trainer.global_rank) if observed else None
             x = random_crop(x, self.crop_padding, gen)
             if self.hflip:
                 x = random_hflip(x, generator=gen)
-        return to_model_input(
+        x = to_model_input(
             x, img_size=self.img_size, mean=self.mean, std=self.std, out_chans=self.in_chans, antialias=self.antialias
         )
+        if train and self.augment and self.random_erasing > 0:
+            x = random_erasing(x, self.random_erasing, generator=gen)  # same generator: exact resume holds
+        return x
 
     def transform(self, train: bool):
         """The standard path's per-image torchvision v2 pipeline for a split."""
@@ -266,6 +277,7 @@ class ClassificationDataModule(L.LightningDataModule):
             train=train, native_size=self.native_size, img_size=self.img_size, mean=self.mean, std=self.std,
             channels=self.channels, in_chans=self.in_chans, augment=self.augment, crop_padding=self.crop_padding,
             hflip=self.hflip, auto_augment=self.auto_augment, antialias=self.antialias,
+            random_erasing=self.random_erasing,
         )  # fmt: skip
 
     def _setup_train_val(self) -> None:

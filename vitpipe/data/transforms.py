@@ -15,6 +15,8 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
+from vitpipe.data.erasing import timm_random_erasing
+
 
 class TransformedSubset(Dataset):
     """``base[indices[i]]`` through a per-image transform: one loaded data set serves train and val."""
@@ -44,6 +46,7 @@ def standard_transform(
     hflip: bool = True,
     auto_augment: str | None = None,
     antialias: bool = False,
+    random_erasing: float = 0.0,
 ) -> v2.Compose:
     """Build the per-image pipeline for one split.
 
@@ -51,6 +54,7 @@ def standard_transform(
     replaces crop-with-padding, RandomResizedCrop for training (Szegedy et al. 2015, "Going
     deeper with convolutions") and resize-then-centre-crop at timm's crop_pct for eval.
     auto_augment is a timm RandAugment string such as ``"rand-m9-n2-mstd0.5"`` (Cubuk et al. 2020).
+    random_erasing: the probability of timm's RandomErasing (mode pixel), last, on the model input.
     """
     ops: list = []
     if native_size is None:
@@ -77,4 +81,6 @@ def standard_transform(
     ops.append(v2.Normalize(list(mean), list(std)))
     if in_chans != channels:  # only 1 -> 3 gets here (checked by the DataModule)
         ops.append(v2.RGB())
+    if train and augment and random_erasing > 0:
+        ops.append(timm_random_erasing(random_erasing))  # on the model input, as the fast path does
     return v2.Compose(ops)
