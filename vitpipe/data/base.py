@@ -22,6 +22,7 @@ from vitpipe.data.checks import check_int, to_hw
 from vitpipe.data.erasing import random_erasing
 from vitpipe.data.workers import local_world_size, resolve_num_workers
 from vitpipe.data.fast import TensorImageDataset, identity_collate, random_crop, random_hflip, to_model_input
+from vitpipe.data.repeated import RepeatedAugSampler
 from vitpipe.data.resume import ResumeState
 from vitpipe.data.sampler import ShardedSampler
 from vitpipe.data.splits import check_val_split, split_indices
@@ -72,6 +73,8 @@ class ClassificationDataModule(L.LightningDataModule):
             horizontal flip); auto_augment: a timm RandAugment string (standard path only).
         random_erasing: probability of erasing one random box per training image (timm's
             RandomErasing, mode pixel; both paths, vitpipe.data.erasing). DeiT: 0.25.
+        repeated_aug: r > 1 puts each training image r times in the epoch's order, the copies on
+            different ranks, the epoch keeping the data set's length (vitpipe.data.repeated). DeiT: 3.
         fast_path: hold each split as one uint8 tensor and augment batched on the device
             (see vitpipe.data.fast); False: torchvision data sets + v2 transforms in workers.
         antialias: antialias when resizing (both paths; off by default, which is exact for
@@ -105,6 +108,7 @@ class ClassificationDataModule(L.LightningDataModule):
         crop_padding: int = 4,
         auto_augment: str | None = None,
         random_erasing: float = 0.0,
+        repeated_aug: int = 1,
         fast_path: bool = True,
         pin_memory: bool = False,
         antialias: bool = False,
@@ -132,6 +136,12 @@ class ClassificationDataModule(L.LightningDataModule):
             raise ConfigError("data.sampler=balanced draws a random class-balanced epoch; "
                               "it cannot honour data.shuffle=false")
         self.sampler = sampler
+        if isinstance(repeated_aug, bool) or not isinstance(repeated_aug, int) or repeated_aug < 1:
+            raise ConfigError(f"data.repeated_aug={repeated_aug!r}: use an int >= 1 (copies of each image per epoch; DeiT: 3)")
+        if repeated_aug > 1 and sampler == "balanced":
+            raise ConfigError(f"data.repeated_aug={repeated_aug} cannot be combined with data.sampler=balanced "
+                              "(both choose the epoch's images); use one of them")
+        self.repeated_aug = repeated_aug
         self.augment, self.hflip, self.fast_path = bool(augment), bool(hflip), bool(fast_path)
         self.crop_padding = check_int(crop_padding, "data.crop_padding", minimum=0)
         self.auto_augment = auto_augment or None
@@ -324,6 +334,9 @@ class ClassificationDataModule(L.LightningDataModule):
         """This rank's share of ``ds``: training shards padded to equal length, evaluation shards not."""
         if train and self.sampler == "balanced":
             return BalancedSampler(dataset_labels(ds), num_replicas=world, rank=rank, seed=self.seed)
+        if train and self.repeated_aug > 1:
+            return RepeatedAugSampler(len(ds), repeats=self.repeated_aug, num_replicas=world, rank=rank,
+                                      shuffle=self.shuffle, seed=self.seed)  # fmt: skip
         return ShardedSampler(len(ds), num_replicas=world, rank=rank, shuffle=train and self.shuffle,
                               seed=self.seed, pad=train)  # fmt: skip
 

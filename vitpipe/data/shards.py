@@ -146,7 +146,8 @@ class ShardsDataModule(ClassificationDataModule):
     has_val_split = True  # make_shards always writes val/
 
     def __init__(self, *, root: str, num_classes: int, channels: int, cache_dir: str | None = None,
-                 fast_path: bool = False, sampler: str = "default", mean=None, std=None, **kwargs) -> None:  # fmt: skip
+                 fast_path: bool = False, sampler: str = "default", repeated_aug: int = 1, mean=None, std=None,
+                 **kwargs) -> None:  # fmt: skip
         if root is None or not str(root).strip():
             raise ConfigError("data.root is required for shards (a folder or URL written by scripts/make_shards.py)")
         if fast_path:
@@ -155,6 +156,9 @@ class ShardsDataModule(ClassificationDataModule):
         if sampler == "balanced":
             raise ConfigError("data.sampler=balanced is not supported with data=shards (random draws across all "
                               "chunks); use data.sampler=default or module.class_weights=balanced")  # fmt: skip
+        if repeated_aug != 1:
+            raise ConfigError(f"data.repeated_aug={repeated_aug!r} is not supported with data=shards (chunks are "
+                              "streamed in order, not drawn per image); use data.repeated_aug=1")  # fmt: skip
         self.cache_dir = None if cache_dir is None else str(cache_dir)
         self.index = read_index(str(root), self.cache_dir)
         idx = self.index
