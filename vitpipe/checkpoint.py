@@ -54,7 +54,8 @@ _OPTIMIZERS = {"torch.optim.AdamW", "torch.optim.Adam", "torch.optim.SGD", "timm
     for name in ("CosineAnnealingLR", "OneCycleLR", "LinearLR", "StepLR", "MultiStepLR", "ExponentialLR")
 }
 ALLOWED_TARGETS: dict[str, frozenset[str]] = {
-    "model": frozenset({"vitpipe.create_model", "vitpipe.models.captioner.Captioner"}),
+    "model": frozenset({"vitpipe.create_model", "vitpipe.models.captioner.Captioner",
+                        "vitpipe.models.timm_model.create_timm_model"}),
     "data": frozenset({
         "vitpipe.data.CIFAR10DataModule", "vitpipe.data.CIFAR100DataModule", "vitpipe.data.DigitsDataModule",
         "vitpipe.data.FashionMNISTDataModule", "vitpipe.data.ImageFolderDataModule",

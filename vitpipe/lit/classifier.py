@@ -19,6 +19,7 @@ from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from vitpipe.lit.distill import check_distill, combine, load_teacher
 from vitpipe.lit.finetune import FineTuning, check_finetune
 from vitpipe.lit.nonfinite import NonFiniteGuard, NonFiniteLossError, check_policy
 from vitpipe.lit.optim import ConfiguredOptimizers, check_layer_decay
@@ -51,15 +52,23 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         finetune: ``full``, ``linear_probe`` (the head alone, encoder frozen) or ``head_then_full``
             (the head alone for ``finetune_warmup_epochs`` epochs, then everything); see
             ``vitpipe.lit.finetune``.
+        distill: knowledge distillation from a frozen teacher (``vitpipe.lit.distill``): ``teacher``
+            (null: off; a vitpipe checkpoint, a timm export folder, a timm name, a weights file with
+            ``arch``), ``type`` soft | hard, ``alpha``, ``tau``. With ``model.dist_token`` the
+            distillation head learns from the teacher, the class head from the labels (DeiT).
     """
 
     def __init__(self, net: nn.Module, optimizer, scheduler=None, *, warmup_fraction: float = 0.05,
                  label_smoothing: float = 0.0, mixup: dict | None = None, ema_decay: float | None = None,
                  compile: bool = False, nonfinite: str = "error",
                  class_weights: str | list[float] | None = None, layer_decay: float | None = None,
-                 finetune: str = "full", finetune_warmup_epochs: int = 0) -> None:
+                 finetune: str = "full", finetune_warmup_epochs: int = 0, distill: dict | None = None) -> None:
         super().__init__()
         check_policy(nonfinite)
+        self.distill = check_distill(distill)
+        # The teacher lives outside the module tree (a plain attribute): no optimizer, checkpoint or
+        # DDP wrapper sees it, and train()/eval() never switch it out of eval mode. Loaded in setup("fit").
+        object.__setattr__(self, "teacher", None)
         check_finetune(finetune, finetune_warmup_epochs)
         check_layer_decay(layer_decay, net)
         # (C,) or None; "balanced" is filled in setup("fit"), once the training labels are known
@@ -109,26 +118,44 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
             self.net.compile()
 
     def setup(self, stage: str) -> None:
+        if stage == "fit" and self.distill is not None and self.teacher is None:
+            d = self.distill
+            teacher = load_teacher(d["teacher"], num_classes=self.net.num_classes,
+                                   in_chans=getattr(self.net, "in_chans", 3), arch=d["arch"])  # fmt: skip
+            object.__setattr__(self, "teacher", teacher)
         if stage == "fit" and self.hparams.class_weights == "balanced":
             from vitpipe.data.balance import balanced_class_weights, class_counts, dataset_labels
 
             labels = dataset_labels(self.trainer.datamodule.data_train)  # every rank: the whole split
             self.class_weight = balanced_class_weights(class_counts(labels, self.net.num_classes)).to(self.device)
 
+    def on_fit_start(self) -> None:
+        if self.teacher is not None:
+            self.teacher.to(self.device)
+
     def on_train_start(self) -> None:
         self.val_acc_best.reset()  # sanity-check steps must not count
 
     def training_step(self, batch, batch_idx: int):
         x, y = batch
-        if self.mixup is not None and x.shape[0] % 2 == 0:  # timm's Mixup needs an even batch
+        mixed = self.mixup is not None and x.shape[0] % 2 == 0  # timm's Mixup needs an even batch
+        if mixed:
             x, soft = self.mixup(x, y)
-            logits = self.net(x)
+        if self.teacher is not None and hasattr(self.net, "forward_heads"):
+            logits, dist_logits = self.net.forward_heads(x)  # DeiT: class head <- labels, dist head <- teacher
+        else:
+            logits = dist_logits = self.net(x)
+        if mixed:
             loss = F.cross_entropy(logits, soft, weight=self.class_weight)  # soft targets: mean over the batch
         else:
-            logits = self.net(x)
             loss = F.cross_entropy(logits, y, weight=self.class_weight, label_smoothing=self.hparams.label_smoothing)
             self.train_acc(logits, y)
             self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
+        if self.teacher is not None:
+            with torch.no_grad():
+                teacher_logits = self.teacher(x)  # (B, C), on the same (mixed) images
+            d = self.distill
+            loss = combine(loss, dist_logits, teacher_logits, type=d["type"], alpha=d["alpha"], tau=d["tau"])
         if not self.loss_is_finite(loss, batch_idx):
             return loss  # nonfinite=skip: every rank drops this step's gradients before the update
         self.train_loss(loss)

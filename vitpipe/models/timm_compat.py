@@ -114,6 +114,8 @@ def timm_kwargs(model: ViT) -> dict:
             parts.append("learned2d positions (a row table plus a column table)")
         if type(model.patch_embed) is not PatchEmbed:
             parts.append("the conv stem (stem=conv)")
+        if getattr(model, "dist_token", None) is not None:
+            parts.append("the distillation token (dist_token=true)")
         if not isinstance(model.blocks[0].attn.q_norm, nn.Identity):
             parts.append("qk_norm (its LayerNorm eps is 1e-5; timm's is 1e-6)")
     if parts:

@@ -24,6 +24,9 @@ class ViT(nn.Module):
     Any input size divisible by the patch runs (positions are resampled or recomputed).
     ``pool="mean"`` averages patch tokens and, as in timm, moves the final norm after pooling.
     ``reg_tokens`` adds register tokens (Darcet et al. 2024) after the class token.
+    ``dist_token`` adds DeiT's distillation token (after the class token) and a second head
+    ``head_dist``: ``forward_heads`` returns both heads' logits (training on labels and teacher),
+    ``forward`` their mean (Touvron et al. 2021, "Training data-efficient image transformers").
     ``stem="conv"`` replaces the patchify conv with a small conv stem (Xiao et al. 2021).
     """
 
@@ -43,6 +46,7 @@ class ViT(nn.Module):
         pos_embed: str = "learned",
         stem: str = "patch",
         class_token: bool = True,
+        dist_token: bool = False,
         reg_tokens: int = 0,
         pool: str = "cls",
         drop_rate: float = 0.0,
@@ -59,14 +63,18 @@ class ViT(nn.Module):
             raise ValueError(f"unknown pool={pool!r}; valid choices: {', '.join(POOLS)}")
         if pool == "cls" and not class_token:
             raise ValueError("pool='cls' needs class_token=True; use pool='mean' for a model without a class token")
+        if dist_token and pool != "cls":
+            raise ValueError("dist_token=True reads its head from a token, as the class head does: it needs pool='cls'")
 
         self.patch_embed = STEMS[stem](img_size, patch_size, in_chans, dim)
         self.img_size, self.patch_size = self.patch_embed.img_size, self.patch_embed.patch_size
         self.grid_size = self.patch_embed.grid_size
         self.in_chans, self.num_classes, self.dim, self.pool = in_chans, num_classes, dim, pool
         self.class_token = class_token
-        self.num_prefix_tokens = int(class_token) + reg_tokens
+        self.num_prefix_tokens = int(class_token) + int(dist_token) + reg_tokens
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if class_token else None
+        # DeiT's distillation token (Touvron et al. 2021): right after the class token, its own head
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if dist_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, dim)) if reg_tokens else None
         self.pos_embed = build_pos_embed(pos_embed, dim=dim, grid_size=self.grid_size, num_heads=num_heads,
                                          num_prefix_tokens=self.num_prefix_tokens)
@@ -83,6 +91,7 @@ class ViT(nn.Module):
         self.fc_norm = nn.LayerNorm(dim, eps=1e-6) if pool == "mean" else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head_dist = (nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()) if dist_token else None
         self.grad_checkpointing = grad_checkpointing
         self._init_weights()
 
@@ -96,6 +105,8 @@ class ViT(nn.Module):
         for t in (self.cls_token, self.reg_token):
             if t is not None:
                 nn.init.normal_(t, std=1e-6)
+        if self.dist_token is not None:
+            nn.init.trunc_normal_(self.dist_token, std=0.02)  # timm's VisionTransformerDistilled
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute block activations in backward: memory for compute (Chen et al. 2016)."""
@@ -103,7 +114,7 @@ class ViT(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names that weight decay must skip (besides norms and biases)."""
-        return {n for n, _ in self.named_parameters() if n.startswith(("pos_embed.", "cls_token", "reg_token"))}
+        return {n for n, _ in self.named_parameters() if n.startswith(("pos_embed.", "cls_token", "dist_token", "reg_token"))}
 
     def group_matcher(self, coarse: bool = False) -> dict:
         """Layer groups for timm's ``param_groups_layer_decay`` (``timm.models.group_parameters``):
@@ -114,7 +125,7 @@ class ViT(nn.Module):
         here it goes with the head, as in BEiT's ``get_num_layer_for_vit`` and MAE's ``lrd.py``.
         ``coarse`` is accepted for timm's signature; the grouping is the same.
         """
-        return dict(stem=r"^cls_token|^reg_token|^pos_embed|^patch_embed", blocks=[(r"^blocks\.(\d+)", None)])
+        return dict(stem=r"^cls_token|^dist_token|^reg_token|^pos_embed|^patch_embed", blocks=[(r"^blocks\.(\d+)", None)])
 
     def get_classifier(self) -> nn.Module:
         """The head (timm's name for it): what a linear probe trains; everything else is the encoder."""
@@ -122,7 +133,8 @@ class ViT(nn.Module):
 
     def _embed(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         x, grid = self.patch_embed(x)  # (B, h*w, dim)
-        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        tokens = (self.cls_token, self.dist_token, self.reg_token)
+        prefix = [t.expand(x.shape[0], -1, -1) for t in tokens if t is not None]
         x = torch.cat([*prefix, x], dim=1)  # (B, P + h*w, dim)
         return self.pos_drop(self.pos_embed(x, grid)), grid
 
@@ -148,10 +160,24 @@ class ViT(nn.Module):
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
 
+    def forward_heads(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """DeiT training: (class-token logits, distillation-token logits), each (B, num_classes).
+        Without a distillation token both are the one head's logits."""
+        tokens = self.forward_features(x)
+        logits = self.forward_head(tokens)
+        if self.dist_token is None:
+            return logits, logits
+        return logits, self.head_dist(self.head_drop(tokens[:, 1]))  # token 1: right after the class token
+
     def forward(self, x: Tensor) -> Tensor:
-        return self.forward_head(self.forward_features(x))
+        if self.dist_token is None:
+            return self.forward_head(self.forward_features(x))
+        cls_logits, dist_logits = self.forward_heads(x)
+        return (cls_logits + dist_logits) / 2  # DeiT at test time: the two heads averaged
 
     def reset_classifier(self, num_classes: int) -> None:
         self.num_classes = num_classes
         self.head = nn.Linear(self.dim, num_classes) if num_classes > 0 else nn.Identity()
+        if self.dist_token is not None:
+            self.head_dist = nn.Linear(self.dim, num_classes) if num_classes > 0 else nn.Identity()
 

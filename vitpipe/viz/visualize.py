@@ -36,6 +36,7 @@ from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
 from vitpipe.data.fast import to_model_input
 from vitpipe.data.images import open_image
 from vitpipe.errors import ConfigError
+from vitpipe.models.vit import ViT
 from vitpipe.runinfo import atomic_write_text
 from vitpipe.viz.faithfulness import FILLS, check_steps, faithfulness_table, format_table
 from vitpipe.viz.overlay import overlay, overlay_grid, save_figure, to_numpy_image, unnormalize
@@ -270,6 +271,8 @@ def visualize(cfg: DictConfig) -> list[Path]:
         raise ConfigError("faithfulness=true needs a class probability, and this checkpoint is a captioner; "
                           "use it with classifier checkpoints")
     encoder = net.encoder if captioner else net
+    if not isinstance(encoder, ViT):  # e.g. a timm CNN (model=timm): no attention to show
+        raise ConfigError(f"attention maps need a vitpipe ViT; {ckpt_path} holds a {type(encoder).__name__}")
     mean, std, channels = data_stats(dm, encoder)
 
     source = str(cfg.images)

@@ -1,0 +1,131 @@
+"""Knowledge distillation (module.distill, DeiT): the loss, the frozen teacher, the distillation
+token (model.dist_token) and any timm model as a network (model=timm)."""
+
+import copy
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from tiny_checkpoints import checkpoint
+from vitpipe.errors import ConfigError
+from vitpipe.lit import ImageClassifier
+from vitpipe.lit.distill import check_distill, combine, distill_term, load_teacher
+from vitpipe.models import ViT
+
+
+def tiny(**kw) -> ViT:
+    return ViT(img_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32, depth=1, num_heads=2, **kw)
+
+
+def module(net, teacher, **distill) -> ImageClassifier:
+    m = ImageClassifier(net, optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+                        distill={"teacher": "set-below", **distill})  # fmt: skip
+    object.__setattr__(m, "teacher", teacher.eval().requires_grad_(False))  # what setup("fit") does
+    m.log = lambda *args, **kwargs: None  # training_step without a Trainer: nothing to log to
+    m.loss_is_finite = lambda loss, batch_idx: True
+    return m
+
+
+@pytest.fixture
+def batch():
+    torch.manual_seed(0)
+    return torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,))
+
+
+def test_alpha_zero_is_plain_cross_entropy(batch):
+    x, y = batch
+    torch.manual_seed(1)
+    net = tiny()
+    m = module(net, tiny(), alpha=0.0, type="soft")
+    expected = F.cross_entropy(net(x), y, label_smoothing=m.hparams.label_smoothing)
+    assert torch.allclose(m.training_step((x, y), 0), expected)
+    m1 = module(net, tiny(), alpha=1.0, type="hard")  # the other end differs: the teacher counts
+    assert not torch.allclose(m1.training_step((x, y), 0), expected)
+
+
+def test_teacher_equal_to_the_student_gives_a_zero_soft_term(batch):
+    x, y = batch
+    net = tiny()
+    m = module(net, copy.deepcopy(net), alpha=1.0, type="soft", tau=3.0)
+    assert m.training_step((x, y), 0).abs().item() < 1e-6
+    s = torch.randn(16, 10)
+    assert distill_term(s, s.clone(), type="soft", tau=2.0).abs().item() < 1e-6
+    t = torch.randn(16, 10)  # and positive for another teacher, scaled by tau^2 (Hinton et al.)
+    kl = (F.softmax(t / 2, 1) * (F.log_softmax(t / 2, 1) - F.log_softmax(s / 2, 1))).sum(1).mean() * 4
+    assert torch.allclose(distill_term(s, t, type="soft", tau=2.0), kl, atol=1e-5) and kl > 0.01
+
+
+def test_hard_distillation_uses_the_teachers_argmax(batch):
+    s, t = torch.randn(16, 10), torch.randn(16, 10)
+    assert torch.allclose(distill_term(s, t, type="hard"), F.cross_entropy(s, t.argmax(1)))
+    assert torch.allclose(distill_term(s, t * 5, type="hard"), distill_term(s, t, type="hard"))  # argmax only
+    base = torch.tensor(2.0)
+    assert torch.allclose(combine(base, s, t, type="hard", alpha=0.25, tau=1.0),
+                          0.75 * base + 0.25 * F.cross_entropy(s, t.argmax(1)))
+
+
+def test_dist_token_model_evaluates_the_mean_of_its_two_heads(batch):
+    x, _ = batch
+    net = tiny(dist_token=True).eval()
+    assert net.num_prefix_tokens == 2 and "dist_token" in net.no_weight_decay()
+    cls_logits, dist_logits = net.forward_heads(x)
+    assert not torch.allclose(cls_logits, dist_logits)  # two heads, two tokens
+    assert torch.allclose(net(x), (cls_logits + dist_logits) / 2)
+    with pytest.raises(ValueError, match="dist_token=True"):
+        tiny(dist_token=True, class_token=False, pool="mean")
+
+
+def test_options_are_checked_in_one_line():
+    assert check_distill({"teacher": None, "type": "bogus"}) is None  # no teacher: off, nothing to check
+    for bad, words in [({"type": "medium"}, "module.distill.type='medium'"), ({"alpha": 2}, "alpha=2"),
+                       ({"tau": 0}, "tau=0")]:
+        with pytest.raises(ConfigError, match=words):
+            check_distill({"teacher": "x", **bad})
+    with pytest.raises(ConfigError, match="no checkpoint, run dir, weights file or timm model name"):
+        load_teacher("not_a_model_anywhere", num_classes=10, in_chans=1)
+
+
+def test_teacher_is_frozen_and_unsaved_through_a_real_fit(tmp_path, cfg_factory):
+    from vitpipe.train import build
+
+    ckpt = checkpoint("sincos2d", tmp_path)  # a vitpipe checkpoint as the teacher
+    cfg = cfg_factory("debug=fast", "logger=none", "model.dist_token=true", f"module.distill.teacher={ckpt}",
+                      "module.distill.type=hard", sub="student")  # fmt: skip
+    dm, net, m = build(cfg)
+    reference = load_teacher(str(ckpt), num_classes=10, in_chans=1)
+    before = copy.deepcopy(net.state_dict())
+    trainer = L.Trainer(accelerator="cpu", max_steps=3, limit_val_batches=0, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(m, dm)
+    teacher = m.teacher
+    assert teacher is not None and not teacher.training
+    assert all(p.grad is None and not p.requires_grad for p in teacher.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(teacher.state_dict().values(), reference.state_dict().values()))
+    trained = {id(p) for g in trainer.optimizers[0].param_groups for p in g["params"]}
+    assert not trained & {id(p) for p in teacher.parameters()}
+    assert not any(k.startswith("teacher") for k in m.state_dict())  # checkpoints hold net.* only
+    assert any(not torch.equal(before[k], v) for k, v in net.state_dict().items())  # the student did learn
+    assert net.head_dist.weight.grad is not None  # the distillation head trained on the teacher
+
+
+def test_timm_models_build_from_the_config_and_refuse_what_they_cannot_do(cfg_factory):
+    from hydra.utils import instantiate
+
+    from vitpipe.checkpoint import ALLOWED_TARGETS
+    from vitpipe.config import instantiate_checked
+    from vitpipe.models.timm_compat import timm_kwargs
+
+    cfg = cfg_factory("model=timm", "model.name=resnet10t")  # not debug=fast: it sets ViT dims
+    assert cfg.model._target_ in ALLOWED_TARGETS["model"]
+    net = instantiate(OmegaConf.to_container(cfg.model, resolve=True))
+    assert net(torch.randn(2, 1, *net.img_size)).shape == (2, 10) and net.num_classes == 10
+    with pytest.raises(ConfigError, match="ResNet") as err:
+        timm_kwargs(net)  # export format=timm: one line
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="distillation token"):
+        timm_kwargs(tiny(dist_token=True))
+    with pytest.raises(ConfigError, match="model: model.name='nope' is not a timm model"):
+        instantiate_checked(cfg_factory("model=timm", "model.name=nope", sub="bad").model, "model")

@@ -1,0 +1,106 @@
+"""Knowledge distillation (Hinton et al. 2015) as DeiT trains with it (Touvron et al. 2021).
+
+``module.distill``: ``teacher`` (null: off), ``type`` soft | hard, ``alpha``, ``tau``, ``arch``.
+
+    loss = (1 - alpha) * CE(student, labels) + alpha * distill
+    soft:  distill = KL(softmax(teacher / tau) || softmax(student / tau)) * tau^2   (mean over images)
+    hard:  distill = CE(student, argmax teacher)                                   (DeiT's best, Table 3)
+
+With a distillation token (``model.dist_token=true``) the class head takes the first term and the
+distillation head the second. Departure from DeiT's code: the soft term is the KL per image
+(``batchmean``); DeiT divides the summed KL by B * C, which shrinks it by the class count.
+
+The teacher runs frozen, in eval mode, under no_grad, on the same (mixed) batch as the student. It
+is loaded when a fit starts (``load_teacher``), kept outside the LightningModule's module tree: it
+is in no optimizer, no checkpoint and no DDP wrapper, and eval/predict/export never load it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitpipe.errors import ConfigError
+
+TYPES = ("soft", "hard")
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+KEYS = {"teacher", "arch", "type", "alpha", "tau"}
+
+
+def check_distill(distill: dict | None) -> dict | None:
+    """The validated settings, or None when distillation is off (no teacher)."""
+    if not distill or distill.get("teacher") in (None, ""):
+        return None
+    cfg = {"arch": None, "type": "soft", "alpha": 0.5, "tau": 1.0, **dict(distill)}
+    if set(cfg) - KEYS:
+        raise ConfigError(f"module.distill has unknown keys {sorted(set(cfg) - KEYS)}; valid: {sorted(KEYS)}")
+    if cfg["type"] not in TYPES:
+        raise ConfigError(f"module.distill.type={cfg['type']!r}; valid choices: {', '.join(TYPES)}")
+    if not 0.0 <= float(cfg["alpha"]) <= 1.0:
+        raise ConfigError(f"module.distill.alpha={cfg['alpha']!r}: use a weight in [0, 1] (DeiT: 0.5)")
+    if not float(cfg["tau"]) > 0:
+        raise ConfigError(f"module.distill.tau={cfg['tau']!r}: use a temperature > 0 (DeiT soft: 1.0)")
+    return {**cfg, "teacher": str(cfg["teacher"]), "alpha": float(cfg["alpha"]), "tau": float(cfg["tau"])}
+
+
+def distill_term(student: Tensor, teacher: Tensor, *, type: str, tau: float = 1.0) -> Tensor:
+    """The distillation loss of student logits (B, C) against teacher logits (B, C)."""
+    if type == "hard":
+        return F.cross_entropy(student, teacher.argmax(dim=1))
+    log_p_s = F.log_softmax(student / tau, dim=1)
+    log_p_t = F.log_softmax(teacher / tau, dim=1)
+    # tau^2 keeps the gradient scale independent of tau (Hinton et al. 2015)
+    return F.kl_div(log_p_s, log_p_t, reduction="batchmean", log_target=True) * tau * tau
+
+
+def combine(base: Tensor, student: Tensor, teacher: Tensor, *, type: str, alpha: float, tau: float) -> Tensor:
+    """``(1 - alpha) * base + alpha * distill_term``; alpha 0 is ``base`` exactly."""
+    if alpha == 0:
+        return base
+    return (1 - alpha) * base + alpha * distill_term(student, teacher, type=type, tau=tau)
+
+
+def load_teacher(spec: str, *, num_classes: int, in_chans: int, arch: str | None = None) -> nn.Module:
+    """The teacher named by ``module.distill.teacher``, frozen, in eval mode, on the CPU.
+
+    A vitpipe checkpoint (a ``.ckpt`` file or run directory) is rebuilt through
+    ``vitpipe.checkpoint`` (its config is data, checked there); a folder holding ``config.json`` is a
+    timm export (``format=timm``); a weights file needs ``arch`` (its timm model name); anything
+    else must be a timm model name with weights in the HF cache. The teacher must predict the
+    data's ``num_classes`` classes.
+    """
+    import timm
+
+    path = Path(spec)
+    if path.suffix == ".ckpt" or (path.is_dir() and not (path / "config.json").is_file()):
+        from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
+
+        ckpt = resolve_ckpt_path(spec, which="best")
+        teacher = rebuild(load_checkpoint(ckpt), ckpt).net  # EMA weights when the run kept them
+    elif path.is_dir():
+        teacher = timm.create_model(f"local-dir:{path}", pretrained=True)
+    elif path.suffix in WEIGHT_SUFFIXES:
+        if not path.is_file():
+            raise ConfigError(f"module.distill.teacher={spec}: no such file")
+        if not arch or not timm.is_model(arch):
+            raise ConfigError(f"module.distill.teacher={spec} is a weights file: name its timm model with "
+                              f"module.distill.arch (got {arch!r}), e.g. resnet18")
+        teacher = timm.create_model(arch, num_classes=num_classes, in_chans=in_chans)
+        state = timm.models.load_state_dict(str(path))
+        try:
+            teacher.load_state_dict(state)
+        except RuntimeError as err:
+            raise ConfigError(f"module.distill.teacher={spec} does not fit {arch} with {num_classes} classes, "
+                              f"{in_chans} channel(s): {str(err).splitlines()[1][:200]}") from None
+    elif timm.is_model(spec):
+        teacher = timm.create_model(spec, pretrained=True)
+    else:
+        raise ConfigError(f"module.distill.teacher={spec!r} is no checkpoint, run dir, weights file or timm model name")
+    classes = getattr(teacher, "num_classes", None)
+    if classes != num_classes:
+        raise ConfigError(f"module.distill.teacher={spec} predicts {classes} classes, the data has {num_classes}: "
+                          "train or fine-tune it on this data first (e.g. model=timm model.name=resnet18)")
+    return teacher.eval().requires_grad_(False).cpu()

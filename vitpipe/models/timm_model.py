@@ -1,0 +1,38 @@
+"""Any timm model as a vitpipe network (``model=timm model.name=resnet18``), e.g. a CNN teacher.
+
+The model is built by ``timm.create_model`` from its registry name (a name, never an import
+path: a stored config stays data). Its class count and input channels come from the data, like
+the ViT's; ``img_size`` is the size the data resizes images to (a CNN takes any size).
+"""
+
+from __future__ import annotations
+
+import timm
+from torch import nn
+
+from vitpipe.data.checks import to_hw
+from vitpipe.errors import ConfigError
+
+
+def create_timm_model(name: str, *, num_classes: int, in_chans: int, img_size: int | list[int] = 32,
+                      pretrained: bool | str | None = None, drop_rate: float = 0.0,
+                      drop_path_rate: float | None = None) -> nn.Module:
+    """``timm.create_model(name, num_classes=..., in_chans=...)``; ``pretrained``: True (timm's
+    weights, from the HF cache) or a ``.safetensors``/``.pth`` file; a head of another class count is
+    re-initialised by timm. ``img_size`` (what the data resizes to) is kept as ``model.img_size`` for predict/export."""
+    if not timm.is_model(name):
+        raise ConfigError(f"model.name={name!r} is not a timm model; see timm.list_models(), e.g. resnet18")
+    kwargs = {"drop_rate": drop_rate}
+    if drop_path_rate is not None:
+        kwargs["drop_path_rate"] = drop_path_rate
+    overlay = {"file": str(pretrained)} if isinstance(pretrained, str) else None
+    model = timm.create_model(name, pretrained=bool(pretrained), pretrained_cfg_overlay=overlay,
+                              num_classes=num_classes, in_chans=in_chans, **kwargs)  # fmt: skip
+    model.in_chans = in_chans  # timm ViTs have none; vitpipe's tools (predict, export) read both
+    model.img_size = to_hw(img_size, "model.img_size")
+    return model
+
+
+def is_timm_model(net: nn.Module) -> bool:
+    """A network built here (any timm class), not a vitpipe ViT/Captioner."""
+    return type(net).__module__.startswith("timm.")
