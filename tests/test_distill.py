@@ -129,3 +129,30 @@ def test_timm_models_build_from_the_config_and_refuse_what_they_cannot_do(cfg_fa
         timm_kwargs(tiny(dist_token=True))
     with pytest.raises(ConfigError, match="model: model.name='nope' is not a timm model"):
         instantiate_checked(cfg_factory("model=timm", "model.name=nope", sub="bad").model, "model")
+
+
+def test_a_timm_cnn_teacher_trained_by_vitpipe_distils_into_a_dist_token_vit(tmp_path):
+    """The issue's workflow end to end: `model=timm` trains the teacher, its run dir is the
+    student's teacher, and the student's checkpoint rebuilds (no teacher inside) for eval."""
+    from conftest import make_cfg
+    from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
+    from vitpipe.train import train
+
+    limits = ["logger=none", "trainer=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+              "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", "data.batch_size=16"]
+    cfg = make_cfg(tmp_path / "teacher", ["model=timm", "model.name=resnet10t", "model.img_size=8", *limits])
+    train(cfg)
+    teacher_run = cfg.paths.output_dir
+    cfg = make_cfg(tmp_path / "student", ["debug=fast", *limits, "model.dist_token=true",
+                                          f"module.distill.teacher={teacher_run}", "module.distill.alpha=0.5"])
+    metrics = train(cfg)
+    assert 0.0 <= metrics["test/acc"] <= 1.0
+    path = resolve_ckpt_path(cfg.paths.output_dir, which="best")
+    ckpt = load_checkpoint(path)
+    assert all(k.startswith(("net.", "ema.")) for k in ckpt["state_dict"])  # no teacher.* keys
+    assert "net.head_dist.weight" in ckpt["state_dict"]
+    net = rebuild(ckpt, path).net
+    x = torch.randn(4, 1, 8, 8)
+    a, b = net.forward_heads(x)
+    assert torch.allclose(net(x), (a + b) / 2)
+    assert type(rebuild(load_checkpoint(resolve_ckpt_path(teacher_run)), teacher_run).net).__name__ == "ResNet"

@@ -137,7 +137,8 @@ class ClassificationDataModule(L.LightningDataModule):
                               "it cannot honour data.shuffle=false")
         self.sampler = sampler
         if isinstance(repeated_aug, bool) or not isinstance(repeated_aug, int) or repeated_aug < 1:
-            raise ConfigError(f"data.repeated_aug={repeated_aug!r}: use an int >= 1 (copies of each image per epoch; DeiT: 3)")
+            raise ConfigError(f"data.repeated_aug={repeated_aug!r}: use an int >= 1 "
+                              "(copies of each image per epoch; DeiT: 3)")
         if repeated_aug > 1 and sampler == "balanced":
             raise ConfigError(f"data.repeated_aug={repeated_aug} cannot be combined with data.sampler=balanced "
                               "(both choose the epoch's images); use one of them")
@@ -146,7 +147,8 @@ class ClassificationDataModule(L.LightningDataModule):
         self.crop_padding = check_int(crop_padding, "data.crop_padding", minimum=0)
         self.auto_augment = auto_augment or None
         if not 0.0 <= float(random_erasing) <= 1.0:
-            raise ConfigError(f"data.random_erasing={random_erasing!r} is a probability: use a value in [0, 1] (DeiT: 0.25)")
+            raise ConfigError(f"data.random_erasing={random_erasing!r} is a probability: "
+                              "use a value in [0, 1] (DeiT: 0.25)")
         self.random_erasing = float(random_erasing)
         self.pin_memory, self.antialias = bool(pin_memory), bool(antialias)
 

@@ -16,14 +16,14 @@ from vitpipe.errors import ConfigError
 
 def create_timm_model(name: str, *, num_classes: int, in_chans: int, img_size: int | list[int] = 32,
                       pretrained: bool | str | None = None, drop_rate: float = 0.0,
-                      drop_path_rate: float | None = None) -> nn.Module:
+                      drop_path_rate: float = 0.0) -> nn.Module:
     """``timm.create_model(name, num_classes=..., in_chans=...)``; ``pretrained``: True (timm's
     weights, from the HF cache) or a ``.safetensors``/``.pth`` file; a head of another class count is
     re-initialised by timm. ``img_size`` (what the data resizes to) is kept as ``model.img_size`` for predict/export."""
     if not timm.is_model(name):
         raise ConfigError(f"model.name={name!r} is not a timm model; see timm.list_models(), e.g. resnet18")
     kwargs = {"drop_rate": drop_rate}
-    if drop_path_rate is not None:
+    if drop_path_rate:  # only models with stochastic depth accept it
         kwargs["drop_path_rate"] = drop_path_rate
     overlay = {"file": str(pretrained)} if isinstance(pretrained, str) else None
     model = timm.create_model(name, pretrained=bool(pretrained), pretrained_cfg_overlay=overlay,

@@ -114,7 +114,8 @@ class ViT(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names that weight decay must skip (besides norms and biases)."""
-        return {n for n, _ in self.named_parameters() if n.startswith(("pos_embed.", "cls_token", "dist_token", "reg_token"))}
+        prefixes = ("pos_embed.", "cls_token", "dist_token", "reg_token")
+        return {n for n, _ in self.named_parameters() if n.startswith(prefixes)}
 
     def group_matcher(self, coarse: bool = False) -> dict:
         """Layer groups for timm's ``param_groups_layer_decay`` (``timm.models.group_parameters``):
@@ -125,7 +126,8 @@ class ViT(nn.Module):
         here it goes with the head, as in BEiT's ``get_num_layer_for_vit`` and MAE's ``lrd.py``.
         ``coarse`` is accepted for timm's signature; the grouping is the same.
         """
-        return dict(stem=r"^cls_token|^dist_token|^reg_token|^pos_embed|^patch_embed", blocks=[(r"^blocks\.(\d+)", None)])
+        return dict(stem=r"^cls_token|^dist_token|^reg_token|^pos_embed|^patch_embed",
+                    blocks=[(r"^blocks\.(\d+)", None)])
 
     def get_classifier(self) -> nn.Module:
         """The head (timm's name for it): what a linear probe trains; everything else is the encoder."""
