@@ -74,6 +74,8 @@ def test_dist_token_model_evaluates_the_mean_of_its_two_heads(batch):
     cls_logits, dist_logits = net.forward_heads(x)
     assert not torch.allclose(cls_logits, dist_logits)  # two heads, two tokens
     assert torch.allclose(net(x), (cls_logits + dist_logits) / 2)
+    heads = {id(p) for p in net.get_classifier().parameters()}  # a linear probe trains both heads
+    assert heads == {id(p) for m in (net.head, net.head_dist) for p in m.parameters()}
     with pytest.raises(ValueError, match="dist_token=True"):
         tiny(dist_token=True, class_token=False, pool="mean")
 

@@ -130,8 +130,9 @@ class ViT(nn.Module):
                     blocks=[(r"^blocks\.(\d+)", None)])
 
     def get_classifier(self) -> nn.Module:
-        """The head (timm's name for it): what a linear probe trains; everything else is the encoder."""
-        return self.head
+        """The head (timm's name for it): what a linear probe trains; everything else is the encoder.
+        With a distillation token both heads (timm's VisionTransformerDistilled returns the pair)."""
+        return self.head if self.head_dist is None else nn.ModuleList([self.head, self.head_dist])
 
     def _embed(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         x, grid = self.patch_embed(x)  # (B, h*w, dim)
