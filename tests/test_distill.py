@@ -158,3 +158,8 @@ def test_a_timm_cnn_teacher_trained_by_vitpipe_distils_into_a_dist_token_vit(tmp
     a, b = net.forward_heads(x)
     assert torch.allclose(net(x), (a + b) / 2)
     assert type(rebuild(load_checkpoint(resolve_ckpt_path(teacher_run)), teacher_run).net).__name__ == "ResNet"
+    from vitpipe.viz.visualize import visualize
+
+    viz = make_cfg(tmp_path / "viz", [f"ckpt_path={teacher_run}", "images=test"], config_name="visualize")
+    with pytest.raises(ConfigError, match="attention maps need a vitpipe ViT; .* holds a ResNet$"):
+        visualize(viz)  # a CNN has no attention to show: one line
