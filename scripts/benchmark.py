@@ -285,6 +285,21 @@ def compare_lightning(cfg: BenchConfig) -> dict:
     return {"contenders": contenders, "ratios": {"step_time lightning/plain": ratio}}
 
 
+def loader_throughput(cfg: BenchConfig, loaders: dict) -> dict:
+    """Images/s of each ``name -> (make_loader, to_input)``, the loaders taking turns (interleaved)."""
+
+    def drain(name: str) -> list[float]:
+        make_loader, to_input = loaders[name]
+        clock = StepClock(warmup=cfg.warmup, device=cfg.device)
+        for x, y in make_loader():
+            x, y = to_input(x.to(cfg.device, non_blocking=True)), y.to(cfg.device, non_blocking=True)
+            clock.tick()
+        return clock.times()
+
+    times = interleave_runs({name: lambda name=name: drain(name) for name in loaders}, repeats=cfg.repeats)
+    return {name: {"load": summarize(t, cfg.batch_size)} for name, t in times.items()}
+
+
 def compare_data(cfg: BenchConfig) -> dict:
     """The fast path (one uint8 tensor, crop/flip batched on the device) vs a DataLoader running the
     standard path's per-image torchvision transforms on PIL images in ``workers`` processes."""
@@ -298,17 +313,7 @@ def compare_data(cfg: BenchConfig) -> dict:
         "pil": (lambda: DataLoader(pil, batch_size=cfg.batch_size, shuffle=True, num_workers=cfg.workers,
                                    pin_memory=cfg.device == "cuda"), lambda x: x),
     }
-
-    def drain(name: str) -> list[float]:
-        loader, to_input = loaders[name]
-        clock = StepClock(warmup=cfg.warmup, device=cfg.device)
-        for x, y in loader():
-            x, y = to_input(x.to(cfg.device, non_blocking=True)), y.to(cfg.device, non_blocking=True)
-            clock.tick()
-        return clock.times()
-
-    times = interleave_runs({name: lambda name=name: drain(name) for name in loaders}, repeats=cfg.repeats)
-    contenders = {name: {"load": summarize(t, cfg.batch_size)} for name, t in times.items()}
+    contenders = loader_throughput(cfg, loaders)
     ratio = contenders["fast"]["load"]["img_s"] / contenders["pil"]["load"]["img_s"]
     return {"contenders": contenders, "ratios": {"throughput fast/pil": ratio}, "workers": cfg.workers,
             "native_size": PIL_NATIVE_SIZE}
@@ -341,16 +346,7 @@ def compare_shards(cfg: BenchConfig, *, native_size: int = 96) -> dict:
         modules = {"imagefolder": folder_dm, "shards": ShardsDataModule(root=str(Path(tmp, "shards")), **common)}
         for dm in modules.values():
             dm.setup("fit")
-
-        def drain(name: str) -> list[float]:
-            clock = StepClock(warmup=cfg.warmup, device=cfg.device)
-            for x, y in modules[name].train_dataloader():
-                x, y = x.to(cfg.device, non_blocking=True), y.to(cfg.device, non_blocking=True)
-                clock.tick()
-            return clock.times()
-
-        times = interleave_runs({name: lambda name=name: drain(name) for name in modules}, repeats=cfg.repeats)
-    contenders = {name: {"load": summarize(t, cfg.batch_size)} for name, t in times.items()}
+        contenders = loader_throughput(cfg, {name: (dm.train_dataloader, lambda x: x) for name, dm in modules.items()})
     ratio = contenders["shards"]["load"]["img_s"] / contenders["imagefolder"]["load"]["img_s"]
     return {"contenders": contenders, "ratios": {"throughput shards/imagefolder": ratio}, "workers": cfg.workers,
             "native_size": native_size}
