@@ -17,7 +17,6 @@ from __future__ import annotations
 import csv
 import glob
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -142,19 +141,12 @@ def run_dir_of(ckpt_path: Path) -> Path:
 
 def calibration_temperature(ckpt_path: Path) -> float | None:
     """``temperature`` of a ``calibration.json`` beside the checkpoint or in its run directory."""
+    from vitpipe.report.calibration import read_temperature
+
     for folder in dict.fromkeys((Path(ckpt_path).parent, run_dir_of(ckpt_path))):
-        file = folder / "calibration.json"
-        if not file.is_file():
-            continue
-        try:
-            t = json.loads(file.read_text()).get("temperature")
-        except (OSError, ValueError, AttributeError) as e:
-            raise ConfigError(f"cannot read {file}: {e}; fix or remove it") from None
-        if t is None:
-            continue
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
-            raise ConfigError(f"{file}: temperature={t!r} must be a finite number > 0; fix or remove the file")
-        return float(t)
+        t = read_temperature(folder)
+        if t is not None:
+            return t
     return None
 
 

@@ -135,10 +135,6 @@ class CaptionModule(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         if self._scores_end(self.test_scores, "test") is not None:
             self._log_samples("test")
 
-    def predict_step(self, batch, batch_idx: int) -> list[dict]:
-        return [{"image_id": int(i), "caption": c} for i, c in zip(batch["image_ids"].tolist(),
-                                                                   self.caption(batch["images"]))]
-
     def write_predictions(self, path: str | Path) -> Path | None:
         """Write the last validation/test epoch's captions as COCO results JSON
         (``[{"image_id", "caption"}, ...]``, sorted by image id, every rank's included). Only

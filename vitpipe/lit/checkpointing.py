@@ -233,7 +233,6 @@ class PreemptionCheckpoint(L.Callback):
 
     def __init__(self, filename: str = "last.ckpt") -> None:
         self.filename = filename
-        self.saved_path: str | None = None
         self._signal: int | None = None  # the signal that is stopping the current stage
         self._previous_sigint = _NOT_CAUGHT
         self._trainer: L.Trainer | None = None
@@ -295,7 +294,7 @@ class PreemptionCheckpoint(L.Callback):
             return  # testing/validating: there is no training state to save
         path = _checkpoint_dir(trainer) / self.filename
         trainer.save_checkpoint(path)  # collective under DDP: every rank got the SIGTERM broadcast
-        self.saved_path = exception.vitpipe_checkpoint = str(path)
+        exception.vitpipe_checkpoint = str(path)  # the CLI names it in the stop message
 
     # ---- resume --------------------------------------------------------------------------------
 

@@ -31,8 +31,3 @@ def create_timm_model(name: str, *, num_classes: int, in_chans: int, img_size: i
     model.in_chans = in_chans  # timm ViTs have none; vitpipe's tools (predict, export) read both
     model.img_size = to_hw(img_size, "model.img_size")
     return model
-
-
-def is_timm_model(net: nn.Module) -> bool:
-    """A network built here (any timm class), not a vitpipe ViT/Captioner."""
-    return type(net).__module__.startswith("timm.")

@@ -81,11 +81,20 @@ def write_calibration(directory: Path, temperature: float, **extra) -> Path:
 
 
 def read_temperature(directory: Path) -> float | None:
-    """The temperature stored beside a checkpoint, or None when there is none."""
+    """The temperature of ``<directory>/calibration.json``, or None when there is none."""
+    import math
+
+    from vitpipe.errors import ConfigError
+
     path = Path(directory) / CALIBRATION_FILE
     if not path.is_file():
         return None
-    t = json.loads(path.read_text()).get("temperature")
-    if not isinstance(t, (int, float)) or isinstance(t, bool) or not t > 0:
-        raise ValueError(f"{path}: 'temperature' must be a positive number, got {t!r}")
+    try:
+        t = json.loads(path.read_text()).get("temperature")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ConfigError(f"cannot read {path}: {e}; fix or remove it") from None
+    if t is None:
+        return None
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+        raise ConfigError(f"{path}: temperature={t!r} must be a finite number > 0; fix or remove the file")
     return float(t)
