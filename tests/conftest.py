@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+# the image-folder decode cache (vitpipe/data/images.py) goes to a per-session folder, not ~/.cache
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="vitpipe-test-cache-")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
