@@ -105,3 +105,17 @@ def set_sweep_group(cfg: DictConfig) -> None:
     if hc.mode == RunMode.MULTIRUN:
         with open_dict(cfg):
             cfg.logger.wandb.group = f"{cfg.task_name}-{Path(hc.sweep.dir).name}"
+
+
+def resolve_device(name: str) -> torch.device:
+    """``device=auto | cpu | cuda | cuda:N`` of the inference commands (predict, visualize)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={name!r} is not available here; use auto, cpu" +
+                          (", cuda or cuda:<index>" if torch.cuda.is_available() else ""))
+    return device

@@ -184,10 +184,10 @@ def check_options(cfg: DictConfig) -> None:
 def predict(cfg: DictConfig) -> Path:
     """Predict every image ``cfg.images`` names with checkpoint ``cfg.ckpt_path``; returns the file written."""
     from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
-    from vitpipe.viz.visualize import _device
+    from vitpipe.config import resolve_device
 
     check_options(cfg)
-    device = _device(cfg.device)
+    device = resolve_device(cfg.device)
     files, not_images = find_images(cfg.images)
     path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best")
     checkpoint = load_checkpoint(path)

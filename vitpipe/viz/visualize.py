@@ -33,6 +33,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
+from vitpipe.config import resolve_device
 from vitpipe.data.fast import to_model_input
 from vitpipe.data.images import open_image
 from vitpipe.errors import ConfigError
@@ -260,7 +261,7 @@ def caption_maps(net, tokenizer, x: Tensor, max_words: int | None = None) -> tup
 def visualize(cfg: DictConfig) -> list[Path]:
     """Write the attention figures ``cfg`` asks for; returns the paths written."""
     check_options(cfg)
-    device = _device(cfg.device)
+    device = resolve_device(cfg.device)
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best")
     run = rebuild(load_checkpoint(ckpt_path), ckpt_path, data=cfg.get("data"), paths=cfg.paths,
                   task_name=cfg.task_name)
@@ -353,19 +354,6 @@ def write_faithfulness(net, x: Tensor, out: Path, cfg: DictConfig, device: torch
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "faithfulness.csv", buf.getvalue())
     return out / "faithfulness.csv"
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        device = None
-    if device is None or device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} is not available here; use auto, cpu" +
-                          (", cuda or cuda:<index>" if torch.cuda.is_available() else ""))
-    return device
 
 
 def _class_name(dm, index: int) -> str:
