@@ -2,6 +2,7 @@
 token (model.dist_token) and any timm model as a network (model=timm)."""
 
 import copy
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -14,6 +15,8 @@ from vitpipe.errors import ConfigError
 from vitpipe.lit import ImageClassifier
 from vitpipe.lit.distill import check_distill, combine, distill_term, load_teacher
 from vitpipe.models import ViT
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny(**kw) -> ViT:
@@ -145,8 +148,23 @@ def test_a_timm_cnn_teacher_trained_by_vitpipe_distils_into_a_dist_token_vit(tmp
     cfg = make_cfg(tmp_path / "teacher", ["model=timm", "model.name=resnet10t", "model.img_size=8", *limits])
     train(cfg)
     teacher_run = cfg.paths.output_dir
+    # shipped as a weights file (scripts/make_teacher.py, as experiment=fmnist_vit ships its teacher):
+    # loaded the way training loads it, the file gives the run's logits
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_teacher", ROOT / "scripts" / "make_teacher.py")
+    make_teacher = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_teacher)
+    weights = make_teacher.make_teacher(teacher_run, str(tmp_path / "teacher.safetensors"))
+    from_run = load_teacher(teacher_run, num_classes=10, in_chans=1)
+    from_file = load_teacher(str(weights), num_classes=10, in_chans=1, arch="resnet10t")
+    x = torch.randn(4, 1, 8, 8)
+    assert torch.equal(from_run(x), from_file(x)) and weights.stat().st_size < 25 * 2**20
+    with pytest.raises(ConfigError, match="does not fit resnet18"):
+        load_teacher(str(weights), num_classes=10, in_chans=1, arch="resnet18")
     cfg = make_cfg(tmp_path / "student", ["debug=fast", *limits, "model.dist_token=true",
-                                          f"module.distill.teacher={teacher_run}", "module.distill.alpha=0.5"])
+                                          f"module.distill.teacher={weights}", "module.distill.arch=resnet10t",
+                                          "module.distill.alpha=0.5"])
     metrics = train(cfg)
     assert 0.0 <= metrics["test/acc"] <= 1.0
     path = resolve_ckpt_path(cfg.paths.output_dir, which="best")
