@@ -16,6 +16,7 @@ from hydra.utils import instantiate
 
 from vitpipe.bench import StepMemory, flops_per_image, interleave_steps, paired_ratio, peak_tflops
 from vitpipe.data.fashion_mnist import DEBIAN_DIR
+from vitpipe.lit.distill import load_teacher
 from vitpipe.errors import ConfigError
 from vitpipe.nn.patch_embed import ConvStem
 from vitpipe.nn.pos_embed import SinCos2DPosEmbed
@@ -147,14 +148,30 @@ def test_fmnist_recipe_composes_and_instantiates(cfg_factory):
     assert module.hparams.label_smoothing == 0.1 and module.mixup is None
     with torch.no_grad():
         assert net(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+    # the shipped teacher: a small file, the architecture experiment=fmnist_teacher trains, frozen
+    d = full.module.distill
+    assert (d.type, d.alpha, d.arch) == ("hard", 0.5, "test_resnet")
+    assert Path(d.teacher).is_file() and Path(d.teacher).stat().st_size < 5 * 2**20
+    teacher_cfg = cfg_factory("experiment=fmnist_teacher", sub="teacher")
+    assert (teacher_cfg.model.name, teacher_cfg.model.img_size) == (d.arch, full.model.img_size)
+    teacher = load_teacher(d.teacher, num_classes=10, in_chans=1, arch=d.arch)
+    assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+    with torch.no_grad():
+        assert teacher(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+
+
+# the recipe's seed-42 test accuracy (README, 2-core AMD EPYC) and the tolerance: the spread of the
+# seeds measured so far (42: 0.9176, 43: 0.9155, max - min 0.0021), rounded up
+FMNIST_SEED42_ACC, FMNIST_SEED_SPREAD = 0.9176, 0.003
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path(DEBIAN_DIR).is_dir(), reason="needs Debian's dataset-fashion-mnist package")
-def test_fmnist_recipe_reaches_91_percent_on_real_data(cfg_factory):
-    # the whole recipe, as the README measures it (about 28 minutes on 2 idle cores)
+def test_fmnist_recipe_reproduces_its_reported_accuracy(cfg_factory):
+    # the whole recipe at its default seed (42), as the README measures it (about 23 minutes on 2 idle
+    # cores); CPUs differ in the last bits, so the bar is the seed-to-seed spread, not equality
     metrics = train(cfg_factory("experiment=fmnist_vit", "callbacks.progress_bar.refresh_rate=0"))
-    assert metrics["test/acc"] >= 0.91, metrics
+    assert abs(metrics["test/acc"] - FMNIST_SEED42_ACC) <= FMNIST_SEED_SPREAD, metrics
 
 
 def write_cifar10(root: Path, *, per_batch: int, n_test: int) -> None:
