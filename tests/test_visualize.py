@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -332,3 +333,35 @@ def test_rollout_callback_bad_options():
         RolloutCallback(every_n_epochs=0)
     with pytest.raises(ConfigError, match=r"head_fusion='median'.*\['mean', 'max', 'min'\]"):
         RolloutCallback(head_fusion="median")
+
+
+# ---------------------------------------------------------------- the README's figures
+
+FIGURE_COMMAND = re.compile(r"^python scripts/visualize_attention\.py (.*\bout=(notebooks/figures/\S+).*)$", re.M)
+
+
+def readme_figure_commands() -> list[tuple[list[str], str]]:
+    """(overrides, out folder) of every README command that writes a committed figure."""
+    text = (ROOT / "README.md").read_text()
+    return [(args.split("#")[0].split(), out) for args, out in FIGURE_COMMAND.findall(text)]
+
+
+def test_readme_attention_figures_come_from_the_commands_it_shows(tmp_path, classifier_ckpt):
+    # the README names the command that drew each attention figure: every figure it links under that
+    # command's out= folder is committed, and the command (on a tiny checkpoint) writes exactly those files
+    text = (ROOT / "README.md").read_text()
+    commands = readme_figure_commands()
+    assert len(commands) >= 2, "the README's Fashion-MNIST figures (0 and 4 registers) lost their commands"
+    for i, (overrides, out) in enumerate(commands):
+        linked = sorted(set(re.findall(rf"\]\(({re.escape(out)}/[^)\s]+\.png)\)", text)))
+        assert linked, f"the README shows no figure from out={out}"
+        for path in linked:
+            assert (ROOT / path).is_file(), f"the README links {path}, which is not committed"
+        where = tmp_path / f"out{i}"
+        args = [a for a in overrides if not a.startswith(("ckpt_path=", "out="))]
+        written = viz.visualize(make_cfg(tmp_path, [f"ckpt_path={classifier_ckpt}", f"out={where}", *args],
+                                         config_name="visualize"))
+        produced = sorted(str(p.relative_to(where)) for p in written)
+        assert produced == sorted(p[len(out) + 1:] for p in linked), (out, produced)
+        for p in written:
+            assert p.is_file() and png_size(p)[0] > 0

@@ -10,7 +10,7 @@ predicted class) and ``heads`` (each head of the last layer, the class token's r
 kind ``caption`` (the generated caption, one cross-attention overlay per generated word), plus
 ``rollout``/``heads`` of the ViT encoder when the method asks for them.
 
-``side_by_side=true`` draws each grid entry as the image beside its overlay, titled with the class names;
+``per_image=false`` writes the grids only. ``side_by_side=true`` draws each grid entry as the image beside its overlay, titled with the class names;
 ``faithfulness=true`` (classifiers) also measures rollout and gradient rollout against a random patch order
 by deletion / insertion AUC (vitpipe.viz.faithfulness), prints the table and writes <out>/faithfulness.csv.
 """
@@ -288,6 +288,7 @@ def visualize(cfg: DictConfig) -> list[Path]:
     out = Path(cfg.out)
     style = {"alpha": cfg.alpha, "cmap": cfg.cmap}
     side_by_side = bool(cfg.get("side_by_side", False))
+    per_image = bool(cfg.get("per_image", True))  # false: the grids only (e.g. a figure for a README)
     written: list[Path] = []
     grid: dict[str, list] = {k: [] for k in kinds}  # per kind: (heatmap(s), title) per image
     bar = tqdm(total=len(images.x), desc="attention maps", unit="img")
@@ -312,7 +313,8 @@ def visualize(cfg: DictConfig) -> list[Path]:
                 else:
                     fig, entry = map_figure(kind, image, maps[kind][i], label, name, style)
                 grid[kind].append(entry)
-                written.append(save_figure(fig, out / kind / f"{name}.png", dpi=cfg.dpi))
+                if per_image:
+                    written.append(save_figure(fig, out / kind / f"{name}.png", dpi=cfg.dpi))
             bar.update(1)
     bar.close()
 
