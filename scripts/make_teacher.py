@@ -25,10 +25,11 @@ from vitpipe.lit.distill import load_teacher
 def make_teacher(run: str, out: str) -> Path:
     ckpt = resolve_ckpt_path(run, log_dir="logs", which="best")
     checkpoint = load_checkpoint(ckpt)
-    net = rebuild(checkpoint, ckpt).net.eval()
-    arch = checkpoint["vitpipe_config"]["model"].get("name")
-    if not arch or "timm_model" not in checkpoint["vitpipe_config"]["model"].get("_target_", ""):
+    model = checkpoint["vitpipe_config"]["model"]
+    arch = model.get("name")
+    if not arch or "timm_model" not in model.get("_target_", ""):  # before building anything
         raise ConfigError(f"{ckpt} holds no timm model (model=timm): a teacher file needs a timm architecture")
+    net = rebuild(checkpoint, ckpt).net.eval()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(out),
