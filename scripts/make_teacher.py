@@ -5,13 +5,16 @@
 
 The run (a run directory: its best checkpoint, or a .ckpt file) must hold a timm model
 (``model=timm``); the file is then loaded as ``module.distill.teacher=<file>
-module.distill.arch=<timm name>``. After writing, the file is loaded back the way training loads
-a teacher (``vitpipe.lit.distill.load_teacher``) and must give the checkpoint's logits.
+module.distill.arch=<timm name> module.distill.kwargs=<the run's model.kwargs>
+module.distill.img_size=<the run's model.img_size>`` (the script prints the line). After writing,
+the file is loaded back the way training loads a teacher (``vitpipe.lit.distill.load_teacher``)
+and must give the checkpoint's logits.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
@@ -29,20 +32,26 @@ def make_teacher(run: str, out: str) -> Path:
     arch = model.get("name")
     if not arch or "timm_model" not in model.get("_target_", ""):  # before building anything
         raise ConfigError(f"{ckpt} holds no timm model (model=timm): a teacher file needs a timm architecture")
+    kwargs = dict(model.get("kwargs") or {})
     net = rebuild(checkpoint, ckpt).net.eval()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(out),
-              metadata={"arch": arch, "source": str(ckpt)})  # fmt: skip
-    teacher = load_teacher(str(out), num_classes=net.num_classes, in_chans=net.in_chans, arch=arch)
+              metadata={"arch": arch, "kwargs": json.dumps(kwargs), "img_size": json.dumps(list(net.img_size)),
+                        "source": str(ckpt)})  # fmt: skip
+    teacher = load_teacher(str(out), num_classes=net.num_classes, in_chans=net.in_chans, arch=arch, kwargs=kwargs,
+                           img_size=net.img_size)  # fmt: skip
     x = torch.randn(4, net.in_chans, *net.img_size)
     with torch.no_grad():
         diff = (teacher(x) - net(x)).abs().max().item()
     if diff > 1e-5:
         raise RuntimeError(f"{out} reloads with logits {diff:.3g} away from {ckpt}")
     size = out.stat().st_size / 2**20
+    hydra_kwargs = ",".join(f"{k}:{json.dumps(v).replace(' ', '')}" for k, v in kwargs.items())
     print(f"vitpipe: teacher {arch} from {ckpt} -> {out} ({size:.2f} MB; reloaded, logits within {diff:.1g});\n"
-          f"  use it: module.distill.teacher={out} module.distill.arch={arch}")
+          f"  use it: module.distill.teacher={out} module.distill.arch={arch}"
+          + (f" 'module.distill.kwargs={{{hydra_kwargs}}}'" if kwargs else "")
+          + f" module.distill.img_size={net.img_size[0] if net.img_size[0] == net.img_size[1] else list(net.img_size)}")
     return out
 
 

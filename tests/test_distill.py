@@ -116,6 +116,49 @@ def test_teacher_is_frozen_and_unsaved_through_a_real_fit(tmp_path, cfg_factory)
     assert net.head_dist.weight.grad is not None  # the distillation head trained on the teacher
 
 
+def test_a_teacher_at_another_size_sees_the_batch_the_data_module_would_give_it():
+    """fmnist_vit's teacher was trained on 56-px resizes of the 28-px images: upsampling the
+    student's normalised batch must give what the data module gives at 56 px, and the training step
+    must hand the teacher that batch."""
+    from vitpipe.data.fast import to_model_input
+    from vitpipe.lit.distill import teacher_input
+
+    g = torch.Generator().manual_seed(0)
+    raw = torch.randint(0, 256, (8, 1, 28, 28), dtype=torch.uint8, generator=g)
+    norm = {"mean": [0.286], "std": [0.353], "out_chans": 1}
+    student = to_model_input(raw, img_size=(28, 28), **norm)
+    expected = to_model_input(raw, img_size=(56, 56), **norm)
+    assert torch.allclose(teacher_input(student, (56, 56)), expected, atol=1e-5)
+    assert teacher_input(student, None) is student and teacher_input(student, (28, 28)) is student
+
+    seen = []
+
+    class Recorder(torch.nn.Module):  # a teacher that records its input
+        img_size = (12, 12)
+
+        def forward(self, x):
+            seen.append(x)
+            return torch.zeros(x.shape[0], 10)
+
+    x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
+    module(tiny(), Recorder(), alpha=0.5, type="hard").training_step((x, y), 0)
+    assert torch.equal(seen[0], F.interpolate(x, size=(12, 12), mode="bilinear", align_corners=False))
+
+
+def test_timm_kwargs_reach_timm_and_must_be_plain_data():
+    from vitpipe.models.timm_model import create_timm_model
+
+    narrow = create_timm_model("resnet10t", num_classes=10, in_chans=1, kwargs={"channels": [16, 32, 32, 64]})
+    assert narrow.num_features == 64 and create_timm_model("resnet10t", num_classes=10, in_chans=1).num_features == 512
+    for bad, match in [({"num_classes": 3}, r"model.kwargs sets \['num_classes'\]"),
+                       ({"block": {"_target_": "os.system"}}, "model.kwargs.block=.*only numbers, strings"),
+                       ({"act_layer": print}, "model.kwargs.act_layer=.*only numbers")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=match):
+            create_timm_model("resnet10t", num_classes=10, in_chans=1, kwargs=bad)
+    with pytest.raises(ConfigError, match=r"module.distill.kwargs sets \['in_chans'\]"):
+        check_distill({"teacher": "x.safetensors", "kwargs": {"in_chans": 3}})
+
+
 def test_timm_models_build_from_the_config_and_refuse_what_they_cannot_do(cfg_factory):
     from hydra.utils import instantiate
 
@@ -145,7 +188,9 @@ def test_a_timm_cnn_teacher_trained_by_vitpipe_distils_into_a_dist_token_vit(tmp
 
     limits = ["logger=none", "trainer=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
               "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", "data.batch_size=16"]
-    cfg = make_cfg(tmp_path / "teacher", ["model=timm", "model.name=resnet10t", "model.img_size=8", *limits])
+    # a narrower resnet10t (model.kwargs) at a larger input than the student's 8 px, as fmnist_vit's teacher
+    narrow = ["model.kwargs={channels:[16,32,32,64]}"]
+    cfg = make_cfg(tmp_path / "teacher", ["model=timm", "model.name=resnet10t", "model.img_size=12", *narrow, *limits])
     train(cfg)
     teacher_run = cfg.paths.output_dir
     # shipped as a weights file (scripts/make_teacher.py, as experiment=fmnist_vit ships its teacher):
@@ -157,14 +202,19 @@ def test_a_timm_cnn_teacher_trained_by_vitpipe_distils_into_a_dist_token_vit(tmp
     spec.loader.exec_module(make_teacher)
     weights = make_teacher.make_teacher(teacher_run, str(tmp_path / "teacher.safetensors"))
     from_run = load_teacher(teacher_run, num_classes=10, in_chans=1)
-    from_file = load_teacher(str(weights), num_classes=10, in_chans=1, arch="resnet10t")
-    x = torch.randn(4, 1, 8, 8)
+    kwargs = {"channels": [16, 32, 32, 64]}
+    from_file = load_teacher(str(weights), num_classes=10, in_chans=1, arch="resnet10t", kwargs=kwargs, img_size=12)
+    assert from_run.img_size == from_file.img_size == (12, 12) and from_file.num_features == 64
+    x = torch.randn(4, 1, 12, 12)
     assert torch.equal(from_run(x), from_file(x)) and weights.stat().st_size < 25 * 2**20
-    with pytest.raises(ConfigError, match="does not fit resnet18"):
-        load_teacher(str(weights), num_classes=10, in_chans=1, arch="resnet18")
+    with pytest.raises(ConfigError, match="does not fit resnet10t .* kwargs {}"):
+        load_teacher(str(weights), num_classes=10, in_chans=1, arch="resnet10t")  # the widths are part of it
+    with pytest.raises(ConfigError, match=r"img_size=\[16, 16\]: the teacher .* was trained at \[12, 12\]"):
+        load_teacher(teacher_run, num_classes=10, in_chans=1, img_size=16)
     cfg = make_cfg(tmp_path / "student", ["debug=fast", *limits, "model.dist_token=true",
                                           f"module.distill.teacher={weights}", "module.distill.arch=resnet10t",
-                                          "module.distill.alpha=0.5"])
+                                          "module.distill.kwargs={channels:[16,32,32,64]}",
+                                          "module.distill.img_size=12", "module.distill.alpha=0.5"])
     metrics = train(cfg)
     assert 0.0 <= metrics["test/acc"] <= 1.0
     path = resolve_ckpt_path(cfg.paths.output_dir, which="best")

@@ -293,7 +293,8 @@ class PreemptionCheckpoint(L.Callback):
         if trainer.state.fn != TrainerFn.FITTING:
             return  # testing/validating: there is no training state to save
         path = _checkpoint_dir(trainer) / self.filename
-        trainer.save_checkpoint(path)  # collective under DDP: every rank got the SIGTERM broadcast
+        # the full state (optimizer, loops), to resume; collective under DDP: every rank got the SIGTERM broadcast
+        trainer.save_checkpoint(path, weights_only=False)
         exception.vitpipe_checkpoint = str(path)  # the CLI names it in the stop message
 
     # ---- resume --------------------------------------------------------------------------------

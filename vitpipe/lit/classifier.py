@@ -19,7 +19,7 @@ from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from vitpipe.lit.distill import check_distill, combine, load_teacher
+from vitpipe.lit.distill import check_distill, combine, load_teacher, teacher_input
 from vitpipe.lit.finetune import FineTuning, check_finetune
 from vitpipe.lit.nonfinite import NonFiniteGuard, NonFiniteLossError, check_policy
 from vitpipe.lit.optim import ConfiguredOptimizers, check_layer_decay
@@ -121,7 +121,8 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         if stage == "fit" and self.distill is not None and self.teacher is None:
             d = self.distill
             teacher = load_teacher(d["teacher"], num_classes=self.net.num_classes,
-                                   in_chans=getattr(self.net, "in_chans", 3), arch=d["arch"])  # fmt: skip
+                                   in_chans=getattr(self.net, "in_chans", 3), arch=d["arch"],
+                                   kwargs=d["kwargs"], img_size=d["img_size"])  # fmt: skip
             object.__setattr__(self, "teacher", teacher)
         if stage == "fit" and self.hparams.class_weights == "balanced":
             from vitpipe.data.balance import balanced_class_weights, class_counts, dataset_labels
@@ -153,7 +154,8 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
             self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
         if self.teacher is not None:
             with torch.no_grad():
-                teacher_logits = self.teacher(x)  # (B, C), on the same (mixed) images
+                # (B, C), on the same (mixed) images, at the teacher's input size
+                teacher_logits = self.teacher(teacher_input(x, self.teacher.img_size))
             d = self.distill
             loss = combine(loss, dist_logits, teacher_logits, type=d["type"], alpha=d["alpha"], tau=d["tau"])
         if not self.loss_is_finite(loss, batch_idx):

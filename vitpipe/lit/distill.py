@@ -1,6 +1,9 @@
 """Knowledge distillation (Hinton et al. 2015) as DeiT trains with it (Touvron et al. 2021).
 
-``module.distill``: ``teacher`` (null: off), ``type`` soft | hard, ``alpha``, ``tau``, ``arch``.
+``module.distill``: ``teacher`` (null: off), ``type`` soft | hard, ``alpha``, ``tau``; for a weights
+file ``arch`` (its timm name) and ``kwargs`` (its timm constructor arguments); ``img_size``: the
+teacher's input size, when it was trained at another size than the student (null: a vitpipe
+checkpoint's own ``model.img_size``, else the student's batch as it is).
 
     loss = (1 - alpha) * CE(student, labels) + alpha * distill
     soft:  distill = KL(softmax(teacher / tau) || softmax(student / tau)) * tau^2   (mean over images)
@@ -10,7 +13,8 @@ With a distillation token (``model.dist_token=true``) the class head takes the f
 distillation head the second. Departure from DeiT's code: the soft term is the KL per image
 (``batchmean``); DeiT divides the summed KL by B * C, which shrinks it by the class count.
 
-The teacher runs frozen, in eval mode, under no_grad, on the same (mixed) batch as the student. It
+The teacher runs frozen, in eval mode, under no_grad, on the same (mixed) batch as the student,
+resized bilinearly to its input size as the data module resizes (``teacher_input``). It
 is loaded when a fit starts (``load_teacher``), kept outside the LightningModule's module tree: it
 is in no optimizer, no checkpoint and no DDP wrapper, and eval/predict/export never load it.
 """
@@ -23,18 +27,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitpipe.data.checks import to_hw
 from vitpipe.errors import ConfigError
+from vitpipe.models.timm_model import plain_kwargs
 
 TYPES = ("soft", "hard")
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
-KEYS = {"teacher", "arch", "type", "alpha", "tau"}
+KEYS = {"teacher", "arch", "kwargs", "img_size", "type", "alpha", "tau"}
 
 
 def check_distill(distill: dict | None) -> dict | None:
     """The validated settings, or None when distillation is off (no teacher)."""
     if not distill or distill.get("teacher") in (None, ""):
         return None
-    cfg = {"arch": None, "type": "soft", "alpha": 0.5, "tau": 1.0, **dict(distill)}
+    cfg = {"arch": None, "kwargs": None, "img_size": None, "type": "soft", "alpha": 0.5, "tau": 1.0, **dict(distill)}
     if set(cfg) - KEYS:
         raise ConfigError(f"module.distill has unknown keys {sorted(set(cfg) - KEYS)}; valid: {sorted(KEYS)}")
     if cfg["type"] not in TYPES:
@@ -43,7 +49,17 @@ def check_distill(distill: dict | None) -> dict | None:
         raise ConfigError(f"module.distill.alpha={cfg['alpha']!r}: use a weight in [0, 1] (DeiT: 0.5)")
     if not float(cfg["tau"]) > 0:
         raise ConfigError(f"module.distill.tau={cfg['tau']!r}: use a temperature > 0 (DeiT soft: 1.0)")
-    return {**cfg, "teacher": str(cfg["teacher"]), "alpha": float(cfg["alpha"]), "tau": float(cfg["tau"])}
+    size = None if cfg["img_size"] is None else to_hw(cfg["img_size"], "module.distill.img_size")
+    return {**cfg, "teacher": str(cfg["teacher"]), "alpha": float(cfg["alpha"]), "tau": float(cfg["tau"]),
+            "kwargs": plain_kwargs(cfg["kwargs"], "module.distill.kwargs"), "img_size": size}
+
+
+def teacher_input(x: Tensor, size: tuple[int, int] | None) -> Tensor:
+    """The student's batch at the teacher's input size: bilinear, no antialias, as the data module's
+    resize (resizing the normalised batch equals normalising the resized one: both are linear)."""
+    if size is None or tuple(x.shape[-2:]) == tuple(size):
+        return x
+    return F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=False)
 
 
 def distill_term(student: Tensor, teacher: Tensor, *, type: str, tau: float = 1.0) -> Tensor:
@@ -63,14 +79,16 @@ def combine(base: Tensor, student: Tensor, teacher: Tensor, *, type: str, alpha:
     return (1 - alpha) * base + alpha * distill_term(student, teacher, type=type, tau=tau)
 
 
-def load_teacher(spec: str, *, num_classes: int, in_chans: int, arch: str | None = None) -> nn.Module:
+def load_teacher(spec: str, *, num_classes: int, in_chans: int, arch: str | None = None, kwargs: dict | None = None,
+                 img_size: int | tuple[int, int] | None = None) -> nn.Module:
     """The teacher named by ``module.distill.teacher``, frozen, in eval mode, on the CPU.
 
     A vitpipe checkpoint (a ``.ckpt`` file or run directory) is rebuilt through
     ``vitpipe.checkpoint`` (its config is data, checked there); a folder holding ``config.json`` is a
     timm export (``format=timm``); a weights file needs ``arch`` (its timm model name); anything
     else must be a timm model name with weights in the HF cache. The teacher must predict the
-    data's ``num_classes`` classes.
+    data's ``num_classes`` classes. ``teacher.img_size`` is its input size: ``img_size``, else what a
+    vitpipe checkpoint was trained at, else None (the student's batch as it is).
     """
     import timm
 
@@ -88,13 +106,15 @@ def load_teacher(spec: str, *, num_classes: int, in_chans: int, arch: str | None
         if not arch or not timm.is_model(arch):
             raise ConfigError(f"module.distill.teacher={spec} is a weights file: name its timm model with "
                               f"module.distill.arch (got {arch!r}), e.g. resnet18")
-        teacher = timm.create_model(arch, num_classes=num_classes, in_chans=in_chans)
+        teacher = timm.create_model(arch, num_classes=num_classes, in_chans=in_chans,
+                                    **plain_kwargs(kwargs, "module.distill.kwargs"))  # fmt: skip
         state = timm.models.load_state_dict(str(path))
         try:
             teacher.load_state_dict(state)
         except RuntimeError as err:
             raise ConfigError(f"module.distill.teacher={spec} does not fit {arch} with {num_classes} classes, "
-                              f"{in_chans} channel(s): {str(err).splitlines()[1][:200]}") from None
+                              f"{in_chans} channel(s) and kwargs {kwargs or {}}: "
+                              f"{str(err).splitlines()[1][:200]}") from None
     elif timm.is_model(spec):
         teacher = timm.create_model(spec, pretrained=True)
     else:
@@ -103,4 +123,11 @@ def load_teacher(spec: str, *, num_classes: int, in_chans: int, arch: str | None
     if classes != num_classes:
         raise ConfigError(f"module.distill.teacher={spec} predicts {classes} classes, the data has {num_classes}: "
                           "train or fine-tune it on this data first (e.g. model=timm model.name=resnet18)")
+    own = getattr(teacher, "img_size", None)  # vitpipe ViTs and model=timm networks keep theirs
+    own = to_hw(own, "teacher img_size") if isinstance(own, (int, tuple, list)) else None
+    size = own if img_size is None else to_hw(img_size, "module.distill.img_size")
+    if own is not None and size != own:
+        raise ConfigError(f"module.distill.img_size={list(size)}: the teacher {spec} was trained at {list(own)}; "
+                          "leave img_size null for a vitpipe checkpoint")
+    teacher.img_size = size
     return teacher.eval().requires_grad_(False).cpu()
