@@ -1,7 +1,7 @@
 """A trained run's network as a distillation teacher file: weights only, in safetensors (data, no code).
 
     python scripts/train.py experiment=fmnist_teacher
-    python scripts/make_teacher.py logs/fmnist_teacher/runs/<time> conf/teachers/fmnist_test_resnet.safetensors
+    python scripts/make_teacher.py logs/fmnist_teacher/runs/<time> conf/teachers/fmnist_resnet10t.safetensors
 
 The run (a run directory: its best checkpoint, or a .ckpt file) must hold a timm model
 (``model=timm``); the file is then loaded as ``module.distill.teacher=<file>
