@@ -47,11 +47,16 @@ def make_teacher(run: str, out: str) -> Path:
     if diff > 1e-5:
         raise RuntimeError(f"{out} reloads with logits {diff:.3g} away from {ckpt}")
     size = out.stat().st_size / 2**20
-    hydra_kwargs = ",".join(f"{k}:{json.dumps(v).replace(' ', '')}" for k, v in kwargs.items())
+
+    def compact(v) -> str:  # one shell word, as Hydra parses it; a string's own spaces stay
+        return json.dumps(v, separators=(",", ":"))
+
+    hydra_kwargs = ",".join(f"{k}:{compact(v)}" for k, v in kwargs.items())
+    h, w = net.img_size
     print(f"vitpipe: teacher {arch} from {ckpt} -> {out} ({size:.2f} MB; reloaded, logits within {diff:.1g});\n"
           f"  use it: module.distill.teacher={out} module.distill.arch={arch}"
           + (f" 'module.distill.kwargs={{{hydra_kwargs}}}'" if kwargs else "")
-          + f" module.distill.img_size={net.img_size[0] if net.img_size[0] == net.img_size[1] else list(net.img_size)}")
+          + f" module.distill.img_size={h if h == w else compact([h, w])}")
     return out
 
 
