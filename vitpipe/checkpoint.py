@@ -24,6 +24,9 @@ predict and export):
                                predict and export use "best": the weights the run's own test used.
                  which="last": last.ckpt, the newest state (else the newest checkpoint). Train's resume.
     last         the newest run under ``log_dir``, then as for a directory
+
+When a directory holds several runs (``last``, or e.g. ``logs/train/``), runs still being written
+(their process alive) are passed over, and the run chosen is printed (a sweep job is named as one).
 """
 
 from __future__ import annotations
@@ -37,11 +40,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
 
 from vitpipe.config import instantiate_checked
 from vitpipe.errors import ConfigError
+from vitpipe.rundir import is_live
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +88,7 @@ def resolve_ckpt_path(value, *, log_dir=None, which: str = "best") -> Path:
     if str(value) == "last":
         if log_dir is None:
             raise ConfigError("ckpt_path=last needs a log directory to search; pass a .ckpt file or a run directory")
-        run = _newest_run(Path(log_dir))
+        run = _newest_run(Path(log_dir), what="ckpt_path=last")
         if run is None:
             raise ConfigError(f"ckpt_path=last: no checkpoint under {log_dir}; pass ckpt_path=<file or run dir>")
         return _pick(run, which)
@@ -91,7 +96,7 @@ def resolve_ckpt_path(value, *, log_dir=None, which: str = "best") -> Path:
     if path.is_file():
         return path
     if path.is_dir():
-        run = _newest_run(path)
+        run = _newest_run(path, what=f"ckpt_path={value}")
         if run is None:
             raise ConfigError(f"ckpt_path={value}: that directory holds no .ckpt file; "
                               "pass a checkpoint file or a run directory")
@@ -99,10 +104,41 @@ def resolve_ckpt_path(value, *, log_dir=None, which: str = "best") -> Path:
     raise ConfigError(f"ckpt_path={value}: no such file or directory; pass a .ckpt file, a run directory or `last`")
 
 
-def _newest_run(root: Path) -> Path | None:
-    """The directory of ``root``'s newest checkpoint (a run's checkpoints/ folder), or None."""
+def _run_dir(folder: Path) -> Path:
+    """The run directory of a folder holding checkpoints (``<run>/checkpoints/`` -> ``<run>``)."""
+    return folder.parent if folder.name == "checkpoints" else folder
+
+
+def _newest_run(root: Path, *, what: str) -> Path | None:
+    """The checkpoint folder of ``root``'s newest run, or None. When ``root`` holds several runs, runs
+    whose process is still alive (``vitpipe.rundir.is_live``) are passed over, and the choice is
+    printed (always for ``last``): which run, whether it is a sweep job, what was skipped."""
     found = [p for p in root.rglob("*.ckpt") if p.is_file()]
-    return max(found, key=lambda p: p.stat().st_mtime).parent if found else None
+    if not found:
+        return None
+    newest: dict[Path, float] = {}
+    for p in found:
+        newest[p.parent] = max(newest.get(p.parent, 0.0), p.stat().st_mtime)
+    folders = sorted(newest, key=newest.get, reverse=True)
+    if len(folders) == 1 and what != "ckpt_path=last":  # the run directory itself was given
+        if is_live(_run_dir(folders[0])):
+            _say(f"vitpipe: {what}: that run is still being written; using its newest checkpoint as it is now")
+        return folders[0]
+    alive = [f for f in folders if is_live(_run_dir(f))]
+    done = [f for f in folders if f not in alive]
+    if not done:
+        raise ConfigError(f"{what}: every run under {root} is still running ({_run_dir(alive[0])} is the newest); "
+                          f"pass ckpt_path=<its run dir or a .ckpt file> to use a live run's checkpoint anyway")
+    run = _run_dir(done[0])
+    sweep = (f", job {run.name} of the sweep {run.parent}" if (run.parent / "multirun.yaml").is_file() else "")
+    skipped = f"; passed over {len(alive)} run(s) still running, newest {_run_dir(alive[0])}" if alive else ""
+    _say(f"vitpipe: {what} -> run {run}{sweep}{skipped}")
+    return done[0]
+
+
+@rank_zero_only
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 def _pick(folder: Path, which: str) -> Path:

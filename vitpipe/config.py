@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
 from vitpipe.errors import ConfigError
+from vitpipe.rundir import register_resolvers
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,7 @@ def auto_precision() -> str:
 
 if not OmegaConf.has_resolver("auto_precision"):
     OmegaConf.register_new_resolver("auto_precision", auto_precision)
+register_resolvers()  # ${cwd:}, ${unique_dir:...} (conf/paths, conf/hydra)
 
 
 def check_config(cfg: DictConfig) -> None:

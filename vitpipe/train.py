@@ -24,7 +24,9 @@ from vitpipe.config import (
 )
 from vitpipe.errors import ConfigError
 from vitpipe.recipe import announce_recipe
-from vitpipe.runinfo import ConfigInCheckpoint, collect_metrics, finish_loggers, print_summary, write_run_files
+from vitpipe.rundir import live
+from vitpipe.runinfo import (ConfigInCheckpoint, collect_metrics, finish_loggers, output_dir, print_summary,
+                             write_run_files)
 
 
 def build(cfg: DictConfig, *, checkpoint: dict | None = None):
@@ -49,7 +51,15 @@ def build(cfg: DictConfig, *, checkpoint: dict | None = None):
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Train (and test) per ``cfg``; returns the final metrics, also written to metrics.json."""
+    """Train (and test) per ``cfg``; returns the final metrics, also written to metrics.json.
+
+    While it runs, the run directory is marked live (``vitpipe.rundir``): ``ckpt_path=last`` passes
+    over it instead of forking a run that is still being written."""
+    with live(output_dir(cfg)):
+        return _train(cfg)
+
+
+def _train(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True)
     check_config(cfg)
     announce_recipe(cfg)  # which conf/recipe/<model>_<data>.yaml this run merged, and what it set
