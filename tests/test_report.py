@@ -418,3 +418,28 @@ def test_readme_example_report_is_recomputed_from_its_csvs(tmp_path):
         assert (tmp_path / "run" / "report" / f).read_text() == (example / "report" / f).read_text()
     md = (tmp_path / "run" / "report" / "report.md").read_text().replace("`run`", "`default_run`")
     assert md == (example / "report" / "report.md").read_text()
+
+
+def test_tta_hflip_on_a_run_trained_without_flips_warns_once_before_evaluating(run, tmp_path, capsys):
+    """The fixture's run trained without flips (data.augment=false; digits have data.hflip=false): mirror
+    TTA shows it images it never saw, so eval says so in one line; without tta it says nothing."""
+    _evaluate(run, tmp_path / "plain")
+    assert "tta=hflip" not in capsys.readouterr().err
+    _evaluate(run, tmp_path / "tta", "tta=hflip")
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("vitpipe: warning:")]
+    assert len(lines) == 1, lines
+    assert "tta=hflip" in lines[0] and "without flips" in lines[0] and "data.augment=false" in lines[0]
+
+
+def test_flip_warning_reads_the_training_config_stored_in_the_checkpoint():
+    from vitpipe.report.evaluation import unseen_flip_warning
+
+    flipped = {"data": {"_target_": "vitpipe.data.CIFAR10DataModule", "augment": True, "hflip": True}}
+    assert unseen_flip_warning(flipped, "hflip") is None
+    assert unseen_flip_warning({"data": {"hflip": True}}, "hflip") is None  # augment defaults to on
+    assert unseen_flip_warning({"data": {"hflip": False}}, "none") is None  # no TTA, nothing to say
+    assert "data.hflip=false" in unseen_flip_warning({"data": {"augment": True, "hflip": False}}, "hflip")
+    assert "data.augment=false" in unseen_flip_warning({"data": {"augment": False, "hflip": True}}, "hflip")
+    assert "no flip augmentation" in unseen_flip_warning({"data": {"augment": True}}, "hflip")
+    assert "no flip augmentation" in unseen_flip_warning({}, "hflip")
+    assert "\n" not in unseen_flip_warning({"data": {"hflip": False}}, "hflip")

@@ -8,6 +8,8 @@
   ``calibration.json`` beside the checkpoint (scripts/predict.py applies it).
 - ``tta=hflip``: average the softmax over each image and its mirror (logits become the log of the
   averaged probabilities, so loss, accuracy, ECE and the report all see the averaged prediction).
+  It helps a network trained with flips; one that never saw a mirrored image (digits: a mirrored
+  digit is another glyph) gets worse, so ``unseen_flip_warning`` says so before evaluating.
 
 TTA and the temperature act through forward hooks on the evaluated network, removed afterwards:
 the module and its weights stay as loaded.
@@ -55,6 +57,30 @@ def eval_options(cfg: DictConfig) -> EvalOptions:
     if calibrate and split != "test":
         raise ConfigError("calibrate=true fits the temperature on the validation split: evaluate split=test with it")
     return EvalOptions(split, calibrate, tta)
+
+
+def unseen_flip_warning(stored: dict | None, tta: str) -> str | None:
+    """One line when ``tta=hflip`` mirrors images for a network whose training never flipped one, else None.
+
+    ``stored``: the run config a checkpoint keeps (``checkpoint["vitpipe_config"]``); training flips
+    images only with ``data.augment`` (default on) and ``data.hflip`` both true. Eval and predict print it.
+    """
+    if tta != "hflip":
+        return None
+    data = (stored or {}).get("data") if isinstance(stored, dict) else None
+    data = data if isinstance(data, dict) else {}
+    augment, hflip = data.get("augment", True), data.get("hflip")
+    if augment is not False and hflip is True:
+        return None
+    if augment is False:
+        why = "data.augment=false"
+    elif hflip is None:
+        why = "its stored config records no flip augmentation (no data.hflip)"
+    else:
+        why = f"data.hflip={str(hflip).lower()}"
+    return (f"tta=hflip averages each image with its mirror, but this checkpoint was trained without flips "
+            f"({why}): mirrored images are new to it and usually lower its accuracy; use tta=none unless its "
+            "classes look the same mirrored")
 
 
 def report_callbacks(cfg: DictConfig) -> list[L.Callback]:
