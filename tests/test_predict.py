@@ -230,3 +230,100 @@ def test_hostile_checkpoint_refused_by_predict(ckpts, tmp_path):
     with pytest.raises(ConfigError, match="builtins.open"):
         run_predict(tmp_path, evil, tmp_path / "imgs")
     assert not marker.exists()
+
+
+def test_tta_hflip_warns_when_the_checkpoint_never_saw_a_flip(ckpts, tmp_path, capsys):
+    """Digits train with data.hflip=false: predict tta=hflip says so in one line (and still predicts);
+    the same network stored as trained with flips gets no warning."""
+    path = ckpts("sincos2d")
+    mixed_folder(tmp_path / "imgs")
+    run_predict(tmp_path, path, tmp_path / "imgs", "tta=hflip")
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("vitpipe: warning:")]
+    assert len(lines) == 1 and "tta=hflip" in lines[0] and "data.hflip=false" in lines[0], lines
+    flipped = load_checkpoint(path)
+    flipped["vitpipe_config"]["data"]["hflip"] = True
+    (tmp_path / "flipped").mkdir()
+    torch.save(flipped, tmp_path / "flipped" / "f.ckpt")
+    run_predict(tmp_path, tmp_path / "flipped" / "f.ckpt", tmp_path / "imgs", "tta=hflip", out="p2.csv")
+    run_predict(tmp_path, path, tmp_path / "imgs", out="p3.csv")  # no TTA: nothing to warn about
+    assert "vitpipe: warning:" not in capsys.readouterr().err
+
+
+def _unwritable_dir(tmp_path: Path) -> Path:
+    """A folder this process cannot create files in (root ignores permission bits: /proc then)."""
+    if os.geteuid() == 0:
+        return Path("/proc")
+    d = tmp_path / "locked"
+    d.mkdir()
+    d.chmod(0o500)
+    return d
+
+
+@pytest.mark.parametrize("case", ["file_in_path", "unwritable_dir", "existing_dir", "bad_suffix"])
+def test_bad_out_is_refused_before_the_checkpoint_or_any_image_is_read(ckpts, tmp_path, monkeypatch, case):
+    """out= that cannot be written is one line naming out= and why, raised before anything loads: the
+    checkpoint reader, torch.load and PIL's opener are made to fail the test if predict reaches them."""
+    import vitpipe.checkpoint
+
+    path = ckpts("sincos2d")
+    mixed_folder(tmp_path / "imgs")
+    (tmp_path / "somefile.txt").write_text("a file, not a folder")
+    (tmp_path / "adir.csv").mkdir()
+    out, why = {"file_in_path": (tmp_path / "somefile.txt" / "preds.csv", "is a file, not a folder"),
+                "unwritable_dir": (_unwritable_dir(tmp_path) / "sub" / "preds.csv", "cannot create files in"),
+                "existing_dir": (tmp_path / "adir.csv", "is a folder"),
+                "bad_suffix": (tmp_path / "preds.txt", ".csv or .json")}[case]
+
+    def reached(*args, **kwargs):
+        raise AssertionError("predict read the checkpoint or an image before checking out=")
+
+    monkeypatch.setattr(vitpipe.checkpoint, "load_checkpoint", reached)
+    monkeypatch.setattr(torch, "load", reached)
+    monkeypatch.setattr(Image, "open", reached)
+    cfg = make_cfg(tmp_path, [f"ckpt_path={path}", f"images={tmp_path / 'imgs'}", f"out={out}", "device=cpu"],
+                   config_name="predict")
+    with pytest.raises(ConfigError) as err:
+        predict(cfg)
+    msg = str(err.value)
+    assert msg.startswith(f"out={out}") and why in msg and "\n" not in msg, msg
+
+
+def test_cli_bad_out_exits_2_in_one_line_before_any_prediction(ckpts, tmp_path):
+    """The real script: out= under a file exits 2 with one line naming out=; no model was built (the
+    checkpoint is unreadable junk, so reading it would have been a different error) and no image read."""
+    junk = tmp_path / "junk.ckpt"
+    junk.write_bytes(b"not a checkpoint")
+    mixed_folder(tmp_path / "imgs")
+    (tmp_path / "somefile.txt").write_text("x")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "scripts/predict.py", f"ckpt_path={junk}", f"images={tmp_path}/imgs",
+                           f"out={tmp_path}/somefile.txt/preds.csv", f"hydra.run.dir={tmp_path}/hydra"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [f"vitpipe: error: out={tmp_path}/somefile.txt/preds.csv: {tmp_path}/somefile.txt is a file, "
+                     "not a folder; pass out=<a writable folder>/<name>.csv or .json"], proc.stderr[-2000:]
+    assert "vitpipe predict:" not in proc.stdout
+
+
+def test_output_is_written_through_a_temp_file_and_rename(ckpts, tmp_path, monkeypatch):
+    """The CSV appears under its name only whole: the write goes through vitpipe's atomic writer (a
+    failure during it leaves the previous file as it was)."""
+    import vitpipe.lit.checkpointing as ckpt_io
+
+    path = ckpts("sincos2d")
+    mixed_folder(tmp_path / "imgs")
+    out = tmp_path / "preds.csv"
+    out.write_text("previous\n")
+
+    def dying_replace(src, dst):
+        raise KeyboardInterrupt  # killed between writing the temp file and the rename
+
+    monkeypatch.setattr(ckpt_io.os, "replace", dying_replace)
+    with pytest.raises(KeyboardInterrupt):
+        run_predict(tmp_path, path, tmp_path / "imgs")
+    assert out.read_text() == "previous\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".preds.csv")] == []
+    monkeypatch.undo()
+    rows = read_csv(run_predict(tmp_path, path, tmp_path / "imgs"))
+    assert len(rows) == 5

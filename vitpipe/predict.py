@@ -8,16 +8,20 @@ checkpoint -> network + the run's eval transform (``vitpipe.preprocess``) -> bat
   probabilities of the image and its mirror);
 * captioners: ``path,caption`` (the decoding settings the run validated with).
 
-CSV, or JSON (a list of the same rows) when ``out`` ends in ``.json``. A file that does not decode
-is named on stderr and skipped; the count is printed at the end.
+CSV, or JSON (a list of the same rows) when ``out`` ends in ``.json``, written through a temporary
+file and a rename; ``out`` is checked (name, folder, permission) before the checkpoint or any image
+is read, so a bad path never costs the predictions. A file that does not decode is named on stderr
+and skipped; the count is printed at the end.
 """
 
 from __future__ import annotations
 
 import csv
 import glob
+import io
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -30,6 +34,7 @@ from tqdm import tqdm
 from vitpipe.data.images import open_image
 from vitpipe.errors import ConfigError
 from vitpipe.preprocess import Preprocess
+from vitpipe.runinfo import atomic_write_text
 
 TTA = ("none", "hflip")
 OUT_SUFFIXES = (".csv", ".json")
@@ -153,16 +158,39 @@ def calibration_temperature(ckpt_path: Path) -> float | None:
 # --------------------------------------------------------------------------- writing
 
 
+def check_out(spec) -> Path:
+    """The file ``out=`` names, after checking that it can be written: a .csv or .json name, not a
+    folder, under folders that are folders (or can be made) in which this process may create files.
+    ConfigError (one line naming ``out=`` and why) otherwise; nothing is created."""
+    out = Path(str(spec))
+    fix = "pass out=<a writable folder>/<name>.csv or .json"
+    if out.suffix.lower() not in OUT_SUFFIXES:
+        raise ConfigError(f"out={spec}: the file name must end in .csv or .json")
+    if out.is_dir():
+        raise ConfigError(f"out={spec} is a folder; {fix}")
+    folder = out.parent
+    while not folder.exists() and folder != folder.parent:  # the nearest folder that exists: the file goes under it
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(f"out={spec}: {folder} is a file, not a folder; {fix}")
+    try:  # the real test of permission (root ignores mode bits, read-only mounts refuse root too)
+        tempfile.TemporaryFile(dir=folder).close()  # O_TMPFILE where it exists: never visible in the folder
+    except OSError as e:
+        raise ConfigError(f"out={spec}: cannot create files in {folder} ({e.strerror or e}); {fix}") from None
+    return out
+
+
 def write_rows(rows: list[dict], cols: list[str], out: Path) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
+    """CSV (floats as %.6g) or JSON by the suffix of ``out``, through a temporary file and a rename."""
     if out.suffix.lower() == ".json":
-        out.write_text(json.dumps(rows, indent=1) + "\n")
+        atomic_write_text(out, json.dumps(rows, indent=1) + "\n")
         return out
-    with out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=cols)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
+    buf = io.StringIO(newline="")
+    writer = csv.DictWriter(buf, fieldnames=cols)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
+    atomic_write_text(out, buf.getvalue())
     return out
 
 
@@ -177,14 +205,14 @@ def check_options(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={v!r}: expected an int >= {minimum}")
     if cfg.tta not in TTA:
         raise ConfigError(f"tta={cfg.tta!r}; valid choices: {', '.join(TTA)}")
-    if Path(str(cfg.out)).suffix.lower() not in OUT_SUFFIXES:
-        raise ConfigError(f"out={cfg.out}: the file name must end in .csv or .json")
+    check_out(cfg.out)
 
 
 def predict(cfg: DictConfig) -> Path:
     """Predict every image ``cfg.images`` names with checkpoint ``cfg.ckpt_path``; returns the file written."""
     from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
     from vitpipe.config import resolve_device
+    from vitpipe.report.evaluation import unseen_flip_warning
 
     check_options(cfg)
     device = resolve_device(cfg.device)
@@ -196,6 +224,9 @@ def predict(cfg: DictConfig) -> Path:
     captioner = hasattr(net, "generate")
     if captioner and cfg.tta != "none":
         raise ConfigError(f"tta={cfg.tta} applies to classifiers; this checkpoint is a captioner: drop tta")
+    warning = unseen_flip_warning(checkpoint.get("vitpipe_config"), cfg.tta)
+    if warning:  # the same averaging as eval's tta=hflip, the same loss on a network that never saw a flip
+        print(f"vitpipe: warning: {warning}", file=sys.stderr, flush=True)
     preprocess = Preprocess(built.datamodule, net.encoder if captioner else net)
     temperature = None if captioner else calibration_temperature(path)
     loader = DataLoader(ImageFiles(files, preprocess), batch_size=cfg.batch_size, num_workers=cfg.num_workers,
@@ -223,7 +254,7 @@ def predict(cfg: DictConfig) -> Path:
                 rows += class_rows(paths, probs.cpu(), names, cfg.topk)
     if not rows:
         raise ConfigError(f"images={cfg.images}: none of the {len(files)} file(s) could be read as an image")
-    out = write_rows(rows, cols, Path(str(cfg.out)))
+    out = write_rows(rows, cols, check_out(cfg.out))  # checked again: the run took a while
     notes = [f"{bad} unreadable file(s) skipped"] if bad else []
     notes += [f"{not_images} non-image file(s) ignored"] if not_images else []
     notes += [f"temperature {temperature:g} from calibration.json"] if temperature else []
