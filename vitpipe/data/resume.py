@@ -9,6 +9,16 @@ Lightning's checkpointed loop counters, so what is stored is what the loop train
 
 import torch
 
+POSITION_KEY = "batches_done_in_epoch"
+
+
+def restores_position(datamodule, checkpoint: dict) -> bool:
+    """True when ``checkpoint`` holds ``datamodule``'s ResumeState (Lightning keeps a data module's
+    ``state_dict`` under its class name): a fit resumed from it continues mid-epoch exactly."""
+    state = checkpoint.get(type(datamodule).__qualname__) if datamodule is not None else None
+    return isinstance(getattr(datamodule, "resume", None), ResumeState) and isinstance(state, dict) \
+        and POSITION_KEY in state
+
 
 class ResumeState:
     def __init__(self, seed: int = 0) -> None:
@@ -35,11 +45,11 @@ class ResumeState:
         return True
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batches_done_in_epoch": self.batches_done, "step": self.step}
+        return {"epoch": self.epoch, POSITION_KEY: self.batches_done, "step": self.step}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch = int(state.get("epoch", 0))
-        self.batches_done = self._pending = int(state.get("batches_done_in_epoch", 0))
+        self.batches_done = self._pending = int(state.get(POSITION_KEY, 0))
         self.step = int(state.get("step", 0))
 
     def take_offset(self, batch_size: int) -> int:

@@ -11,7 +11,8 @@
 - ``PreemptionCheckpoint``: on SIGTERM (what schedulers send before killing a job) or Ctrl-C,
   Lightning finishes the current batch and raises ``SIGTERMException``; this callback then writes
   ``last.ckpt`` at that batch boundary (only while fitting), so ``ckpt_path=last`` continues from
-  the exact step. On resume it says where it continues and removes stale temporary files.
+  the exact step. On resume it says where it continues and removes stale temporary files, and
+  hides Lightning's "dataloader is not resumable" warning where vitpipe's data state makes it wrong.
 - ``SignalAtStep``: sends a real signal to the own process at a given step, to rehearse a kill.
 """
 
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -37,6 +39,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.warnings import PossibleUserWarning
+
+from vitpipe.data.resume import restores_position
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 STALE_AFTER_S = 3600  # a temporary file of another host older than this is no save in progress
@@ -208,6 +213,8 @@ class BestAndLastCheckpoint(ModelCheckpoint):
 
 
 _NOT_CAUGHT = object()
+# Lightning's training_epoch_loop warns so on a mid-epoch restart from a loader without state_dict
+NOT_RESUMABLE = r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not resumable"
 
 
 class SecondInterrupt(BaseException):
@@ -229,6 +236,11 @@ class PreemptionCheckpoint(L.Callback):
       ``vitpipe.cli`` turns into one line and the exit status 128 + signal.
     - Resume: prints the path, epoch and step it continues from; at start and on resume, removes
       the temporary files that killed saves left in the checkpoint directories.
+    - A mid-epoch resume whose checkpoint holds the data module's ResumeState (the sampler skips the
+      trained batches, augmentation is seeded by step: vitpipe.data.resume) continues exactly, so
+      Lightning's "dataloader is not resumable ... unreliable results" is wrong there: it is ignored
+      from on_train_start to the first batch, where Lightning's loop restart emits it. Without that
+      state (a data module with no ResumeState, an older checkpoint) the warning stays.
     """
 
     def __init__(self, filename: str = "last.ckpt") -> None:
@@ -236,11 +248,29 @@ class PreemptionCheckpoint(L.Callback):
         self._signal: int | None = None  # the signal that is stopping the current stage
         self._previous_sigint = _NOT_CAUGHT
         self._trainer: L.Trainer | None = None
+        self._exact_resume = False  # set by on_load_checkpoint, consumed by on_train_start
+        self._quiet: warnings.catch_warnings | None = None
 
     # ---- Ctrl-C: installed after Lightning registers its SIGTERM handler (before on_*_start) ----
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._catch_sigint(trainer)
+        if self._exact_resume and self._quiet is None:
+            self._quiet = warnings.catch_warnings()
+            self._quiet.__enter__()
+            warnings.filterwarnings("ignore", message=NOT_RESUMABLE, category=PossibleUserWarning)
+        self._exact_resume = False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._unquiet()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._unquiet()
+
+    def _unquiet(self) -> None:
+        if self._quiet is not None:
+            quiet, self._quiet = self._quiet, None
+            quiet.__exit__(None, None, None)
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._catch_sigint(trainer)
@@ -252,6 +282,7 @@ class PreemptionCheckpoint(L.Callback):
         self._catch_sigint(trainer)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
+        self._unquiet()
         self._release_sigint()
 
     def _catch_sigint(self, trainer) -> None:
@@ -283,6 +314,7 @@ class PreemptionCheckpoint(L.Callback):
     # ---- the stop ----------------------------------------------------------------------------
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._unquiet()
         self._release_sigint()
         if not isinstance(exception, SIGTERMException):
             return
@@ -306,7 +338,10 @@ class PreemptionCheckpoint(L.Callback):
                 remove_stale_temp_files(d)
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        if trainer.state.fn != TrainerFn.FITTING or not trainer.is_global_zero:
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
+        self._exact_resume = restores_position(trainer.datamodule, checkpoint)
+        if not trainer.is_global_zero:
             return
         path = trainer.ckpt_path
         if path:
