@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,63 @@ def test_pretrained_offline_without_cache_fails_in_one_line(tmp_path):
     assert f"could not fetch timm weights '{TI_NAME}'" in line
     assert f"hf download timm/{TI_NAME}" in line and f"models--timm--{TI_NAME}" in line  # way 1: the cache
     assert "model.pretrained=/path/to/model.safetensors" in line  # way 2: a file
+
+
+def online_env(home: Path) -> dict[str, str]:
+    """As a user's shell: HF_HUB_OFFLINE unset (huggingface_hub would try the network; here there is none)."""
+    return {k: v for k, v in offline_env(home).items() if k != "HF_HUB_OFFLINE"}
+
+
+def _hub_noise(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines()
+            if not line.startswith("vitpipe:") and ("huggingface" in line.lower() or "requesting" in line)]
+
+
+def test_pretrained_without_network_or_cache_fails_fast_in_one_line(tmp_path):
+    """No HF_HUB_OFFLINE, no network, an empty cache: one attempt, no retry warnings, the one line."""
+    start = time.monotonic()
+    r = _train_cli("model=vit_ti16", "model.pretrained=true", "logger=none", f"paths.log_dir={tmp_path}/logs",
+                   f"hydra.run.dir={tmp_path}/run", env=online_env(tmp_path / "empty_hf"), timeout=300)
+    elapsed = time.monotonic() - start
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert _hub_noise(r.stderr) == [], _hub_noise(r.stderr)[:3]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("vitpipe: error:")]
+    assert len(errors) == 1 and f"could not fetch timm weights '{TI_NAME}'" in errors[0], r.stderr[-2000:]
+    assert elapsed < 40, elapsed  # huggingface_hub's retries alone sleep 2 x 23 s
+
+
+def test_pretrained_from_the_cache_without_hf_hub_offline_asks_no_network(ti_cache, tmp_path):
+    home, weights = ti_cache
+    script = textwrap.dedent("""
+        import sys, torch, vitpipe
+        torch.save(vitpipe.create_model("vit_ti16", pretrained=True, num_classes=1000).state_dict(), sys.argv[1])
+    """)
+    out = tmp_path / "state.pt"
+    r = subprocess.run([sys.executable, "-c", script, str(out)], env=online_env(home), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert _hub_noise(r.stderr) == [], _hub_noise(r.stderr)[:3]
+    got = torch.load(out, weights_only=True)
+    written = {("pos_embed.weight" if k == "pos_embed" else k): v for k, v in load_file(str(weights)).items()}
+    assert got.keys() == written.keys() and all(torch.equal(got[k], v) for k, v in written.items())
+
+
+def test_weights_of_other_shapes_name_the_first_mismatches_in_a_short_line(tmp_path):
+    """A vit_nano file (64 wide, 4 blocks) into the debug=fast model (32 wide, 1 block)."""
+    import vitpipe
+
+    file = tmp_path / "nano64.safetensors"
+    save_file(vitpipe.create_model("vit_nano", num_classes=10, in_chans=1).state_dict(), str(file))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    r = _train_cli("debug=fast", "logger=none", f"model.pretrained={file}", f"hydra.run.dir={tmp_path}/run", env=env,
+                   timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    (line,) = [line for line in r.stderr.splitlines() if line.startswith("vitpipe:")]
+    assert len(line) < 300, (len(line), line)
+    model = vitpipe.create_model("vit_nano", num_classes=10, in_chans=1, dim=32, depth=1, num_heads=2)
+    first = next(iter(model.state_dict()))  # cls_token: the model's first weight, 64 wide in the file
+    assert f"'{file.name}' do not fit: 17 shape mismatches (file vs model): {first} (1,1,64) vs (1,1,32), " in line, line
+    assert "and 14 more; 36 unexpected keys; " in line, line
 
 
 # ---- the headline recipe --------------------------------------------------------------------

@@ -202,17 +202,19 @@ def _why_unreadable(path: Path, err: Exception) -> str:
 
 
 def check_fits(state_dict: dict, net: nn.Module, path) -> None:
-    """ConfigError when the checkpoint's ``net.*`` weights do not fit ``net`` (checked before data loads)."""
-    own = {f"net.{k}": v.shape for k, v in net.state_dict().items()}
-    theirs = {k: v.shape for k, v in state_dict.items() if k.startswith("net.")}
-    wrong = [f"{k} {tuple(theirs[k])} vs {tuple(s)}" for k, s in own.items() if k in theirs and theirs[k] != s]
+    """ConfigError when the checkpoint's ``net.*`` weights do not fit ``net`` exactly (checked before data
+    loads; Lightning's strict load would otherwise fail after it): shapes, missing and unexpected keys."""
+    from vitpipe.models.timm_compat import mismatch_summary
+
+    own = {k: v.shape for k, v in net.state_dict().items()}
+    theirs = {k[len("net."):]: v.shape for k, v in state_dict.items() if k.startswith("net.")}
+    wrong = {k: (theirs[k], s) for k, s in own.items() if k in theirs and theirs[k] != s}
     missing = [k for k in own if k not in theirs]
-    if wrong or missing:
-        raise ConfigError(
-            f"checkpoint {path} does not fit the configured model: "
-            + (f"shape mismatches {wrong[:3]}" if wrong else f"missing {missing[:3]}")
-            + "; use the model config the checkpoint was trained with"
-        )
+    unexpected = [k for k in theirs if k not in own]
+    if wrong or missing or unexpected:
+        raise ConfigError(f"checkpoint {path} does not fit the configured model: "
+                          f"{mismatch_summary(wrong, missing, unexpected, 'checkpoint', shapes=1)}; "
+                          "use the model config the checkpoint was trained with")
 
 
 # --------------------------------------------------------------------------- the stored config

@@ -177,10 +177,43 @@ def _timm_hub_state_dict(name: str) -> tuple[dict[str, Tensor], int]:
     if not timm.is_model(name.split(".")[0]):
         raise ConfigError(f"pretrained={name!r} is neither an existing weights file nor a timm model name")
     try:
-        tm = timm.create_model(name, pretrained=True)
+        tm = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=_cached_hub_weights(name))
+    except ConfigError:
+        raise
     except Exception as e:
         raise ConfigError(offline_weights_message(name, e)) from e
     return tm.state_dict(), (0 if tm.no_embed_class else tm.num_prefix_tokens)
+
+
+def _cached_hub_weights(name: str) -> dict | None:
+    """Where timm should read ``name``'s Hugging Face weights so that a missing network costs nothing:
+    ``{"file": <path>}`` when the cache holds them (timm would otherwise ask the Hub first); None to
+    let timm download. With the cache empty and the Hub unreachable, ConfigError after one request:
+    huggingface_hub would retry with backoff for about 25 s per file and log every attempt."""
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub.utils import HfHubHTTPError
+    from timm.models import get_pretrained_cfg
+    from timm.models._hub import _get_safe_alternatives, hf_split
+
+    cfg = get_pretrained_cfg(name)
+    if cfg is None or not cfg.hf_hub_id or cfg.file or cfg.state_dict or cfg.source not in (None, "", "hf-hub"):
+        return None  # not a Hub download (a url, or a file timm was already told about)
+    repo, revision = hf_split(cfg.hf_hub_id)
+    wanted = cfg.hf_hub_filename or "pytorch_model.bin"
+    files = [*_get_safe_alternatives(wanted), wanted]  # timm's order: safetensors first
+    for filename in files:
+        cached = try_to_load_from_cache(repo, filename, revision=revision)
+        if isinstance(cached, str):
+            return {"file": cached}
+    if constants.HF_HUB_OFFLINE:
+        return None  # timm fails at once, without the network
+    try:
+        get_hf_file_metadata(hf_hub_url(repo, files[0], revision=revision))  # one request, no retries
+    except HfHubHTTPError:
+        pass  # the Hub answered (e.g. no such file: timm tries the others)
+    except Exception as e:  # noqa: BLE001 - no answer at all: DNS, refused, timeout, proxy
+        raise ConfigError(offline_weights_message(name, e)) from None
+    return None
 
 
 def offline_weights_message(name: str, err: BaseException) -> str:
@@ -228,15 +261,38 @@ def load_pretrained(model: ViT, source: str | Path, *, head: bool = True) -> ViT
                  "class count differs")
         for k in head_keys:
             sd.pop(k)
-    bad = {k: (tuple(v.shape), tuple(own[k].shape)) for k, v in sd.items() if k in own and v.shape != own[k].shape}
+    bad = {k: (sd[k].shape, s.shape) for k, s in own.items() if k in sd and sd[k].shape != s.shape}  # model order
     missing, unexpected = model.load_state_dict({k: v for k, v in sd.items() if k not in bad}, strict=False)
-    missing = [k for k in missing if not k.startswith("head.")]
+    missing = [k for k in missing if not k.startswith("head.") and k not in bad]
     if bad or missing or unexpected:
-        raise ConfigError(
-            f"weights {src!r} do not fit this model: shape mismatches {bad or '{}'}, missing {missing[:5]}, "
-            f"unexpected {unexpected[:5]}; choose the model variant the weights were trained with"
-        )
+        name = Path(src).name if Path(src).is_file() else src  # the user named it: the name says which
+        what = mismatch_summary(bad, missing, unexpected, "file", keys=0 if bad else 3)
+        raise ConfigError(f"weights {name!r} do not fit: {what}; use the model variant they were trained with")
     return model
+
+
+def mismatch_summary(wrong: dict[str, tuple], missing: list[str], unexpected: list[str], source: str, *,
+                     shapes: int = 3, keys: int = 3) -> str:
+    """What keeps weights from loading, as one clause short enough to read: the count of each kind of
+    problem, the first ``shapes`` mismatches and the first ``keys`` missing and unexpected keys (0: counts only).
+    ``wrong`` maps a key to (its shape in ``source``, its shape in the model)."""
+
+    def listed(items: list[str], n: int) -> str:
+        return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+    def shape(s) -> str:
+        return str(tuple(s)).replace(" ", "")
+
+    parts = []
+    if wrong:
+        plural = "es" if len(wrong) > 1 else ""
+        pairs = [f"{k} {shape(a)} vs {shape(b)}" for k, (a, b) in wrong.items()]
+        parts.append(f"{len(wrong)} shape mismatch{plural} ({source} vs model): {listed(pairs, shapes)}")
+    for what, names in (("missing", list(missing)), ("unexpected", list(unexpected))):
+        if names:
+            count = f"{len(names)} {what} key{'s' if len(names) > 1 else ''}"
+            parts.append(f"{count}: {listed(names, keys)}" if keys else count)
+    return "; ".join(parts)
 
 
 def _prefix_rows(sd: dict[str, Tensor], model: ViT) -> int:
