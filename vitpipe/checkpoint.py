@@ -379,6 +379,10 @@ def _check_data_fits(cfg: DictConfig, path: Path, *, given: bool) -> None:
     if cfg.data is None:
         return
     label = _data_label(cfg.data) if given else "(the checkpoint's own)"
+    if given:
+        from vitpipe.data.num_classes import resolve_num_classes
+
+        resolve_num_classes(cfg.data)  # data=imagefolder data.root=...: the class folders' count, checked below
     model_n = cfg.model.get("num_classes")
     if isinstance(model_n, int) and OmegaConf.is_missing(cfg.data, "num_classes"):
         raise ConfigError(f"data.num_classes must be set: checkpoint {path} has {model_n} classes, so "

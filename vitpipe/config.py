@@ -33,9 +33,12 @@ register_resolvers()  # ${cwd:}, ${unique_dir:...} (conf/paths, conf/hydra)
 
 def check_config(cfg: DictConfig) -> None:
     """Checks that need no data (a mistake here would otherwise surface mid-run): every value
-    against what it builds (``vitpipe.validate``), then the cross-group ones."""
+    against what it builds (``vitpipe.validate``), then the cross-group ones. A null data.num_classes
+    is first filled in from the data's files where they say it (``vitpipe.data.num_classes``)."""
+    from vitpipe.data.num_classes import resolve_num_classes
     from vitpipe.validate import check_values
 
+    resolve_num_classes(cfg.get("data"))
     check_values(cfg)
     try:
         model_n, data_n = cfg.model.get("num_classes"), cfg.data.get("num_classes")

@@ -26,12 +26,11 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
-from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from vitpipe.data.images import open_image
+from vitpipe.data.images import is_image_file, open_image
 from vitpipe.errors import ConfigError
 from vitpipe.preprocess import Preprocess
 from vitpipe.runinfo import atomic_write_text
@@ -59,8 +58,7 @@ def find_images(spec: str) -> tuple[list[Path], int]:
         candidates = [Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file()]
     else:
         raise ConfigError(f"images={spec}: no such file or folder; pass a folder, an image file or a glob like 'dir/*.jpg'")
-    suffixes = set(Image.registered_extensions())
-    files = sorted(p for p in candidates if p.suffix.lower() in suffixes)
+    files = sorted(p for p in candidates if is_image_file(p))  # the image folders' rule (vitpipe.data.images)
     if not files:
         raise ConfigError(f"images={spec} holds no image files (of {len(candidates)} file(s)); "
                           "pass a folder, an image file or a glob of images")

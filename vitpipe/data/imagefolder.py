@@ -1,37 +1,133 @@
 """The user's own images: ``root/train/<class>/*.jpg`` and optional ``root/val/``, ``root/test/``.
 
-torchvision's ImageFolder lists them; ``vitpipe.data.images`` reads them (16-bit PNGs scaled to
-8 bits, not clipped). Every image is fully decoded before training (cached, so only new files cost
-time on the next run): a broken one stops the run in setup() naming the file, or is left out with
-a counted warning (``on_bad_image``). Files without an image extension are left out with a count.
-Without val/, the validation split comes from train/ (``val_split``); without test/, testing
-falls back to the validation split (with a warning).
+Classes are the visible folders of train/ in sorted order (their count is ``num_classes`` unless
+the config gives it); val/ and test/ need the same class folders. Files are listed here, not by
+torchvision's ImageFolder, whose ``os.walk(followlinks=True)`` follows a link such as
+``train/cat/loop -> ..`` round and round (images of every class filed under cat, many times over).
+A directory link is followed once, to a folder outside train/, val/ and test/ (class folders kept
+on another disk); any other is refused in one line naming it. Image files are those of
+``vitpipe.data.images.is_image_file``, read by ``open_image`` (upright by EXIF orientation, 16-bit
+PNGs scaled to 8 bits). Every image is fully decoded before training (cached, so only new files
+cost time on the next run): a broken one stops the run in setup() naming the file, or is left out
+with a counted warning (``on_bad_image``). Other files are left out with a count. Without val/,
+the validation split comes from train/ (``val_split``); without test/, testing falls back to the
+validation split (with a warning).
 """
+
+from __future__ import annotations
 
 import os
 
 from lightning.pytorch.utilities import rank_zero_warn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from torchvision.datasets import ImageFolder
-from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
+from torch.utils.data import Dataset
 
 from vitpipe.data.base import ClassificationDataModule, DatasetInfo
-from vitpipe.data.images import find_bad_images, open_image
+from vitpipe.data.images import IMAGE_EXTENSIONS, find_bad_images, is_image_file, open_image, why_unreadable
 from vitpipe.errors import ConfigError
 
 ON_BAD_IMAGE = ("error", "skip")
+SPLITS = ("train", "val", "test")
 
 
 def _class_dirs(path: str) -> list[str]:
     return sorted(e.name for e in os.scandir(path) if e.is_dir() and not e.name.startswith("."))
 
 
-class _Folder(ImageFolder):
-    """ImageFolder whose classes are the visible subfolders (``.ipynb_checkpoints`` is no class)."""
+def train_classes(root) -> tuple[str, list[str]]:
+    """``root/train`` and its class folders, sorted (ConfigError if it is missing or holds none)."""
+    train = os.path.join(str(root), "train")
+    if not os.path.isdir(train):
+        raise ConfigError(f"imagefolder: {train} does not exist; put one folder of images per class there")
+    classes = _class_dirs(train)
+    if not classes:
+        raise ConfigError(f"imagefolder: {train} holds no class folders; put one folder of images per class there")
+    return train, classes
 
-    def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
-        classes = _class_dirs(directory)
-        return classes, {c: i for i, c in enumerate(classes)}
+
+def _holds(a: str, b: str) -> bool:
+    """Whether real folder ``a`` is ``b`` or holds it."""
+    return a == b or b.startswith(a.rstrip(os.sep) + os.sep)
+
+
+class _Walk:
+    """Image files under the class folders of one split, directory links followed only when safe.
+
+    A directory link is followed once, to a folder outside the splits (train/, val/, test/) and
+    outside every folder followed so far. Any other is refused with a ConfigError naming it: a link
+    to a folder holding it loops (``train/cat/loop -> ..``), a link into a split repeats its images
+    (under another class when it points elsewhere, training images in val/ for ``val/cat ->
+    ../train/cat``), a second link to one folder counts its images twice.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.splits = [os.path.realpath(os.path.join(root, s)) for s in SPLITS if os.path.isdir(os.path.join(root, s))]
+        self.followed: list[str] = []  # real folders reached through a link
+        self.others: list[str] = []  # files that are not images
+
+    def _refusal(self, path: str, target: str) -> str | None:
+        """Why the directory link ``path`` (to real folder ``target``) is not followed, or None."""
+        if _holds(target, os.path.realpath(os.path.dirname(path))):
+            return "a folder that holds the link (a loop)"
+        for split in self.splits:
+            if _holds(target, split):
+                return f"which holds {split} (a loop)"
+            if _holds(split, target):
+                return f"inside {split} (its images would be listed again)"
+        if any(_holds(target, f) or _holds(f, target) for f in self.followed):
+            return "a folder another link reaches already (its images would count twice)"
+        return None
+
+    def _check_link(self, path: str) -> None:
+        target = os.path.realpath(path)
+        why = self._refusal(path, target)
+        if why is not None:
+            raise ConfigError(f"imagefolder: {os.path.relpath(path, self.root)} is a directory link to {target}, "
+                              f"{why}; directory links are followed only to folders outside train/, val/ and "
+                              "test/, each once: remove the link")  # fmt: skip
+        self.followed.append(target)
+
+    def files(self, class_dir: str) -> list[str]:
+        """The image files under ``class_dir``, in torchvision's order (sorted folders, then names)."""
+        if os.path.islink(class_dir):
+            self._check_link(class_dir)
+        listed, todo = [], [class_dir]
+        while todo:
+            folder = todo.pop()
+            names, subdirs = [], []
+            with os.scandir(folder) as entries:
+                for e in entries:
+                    try:
+                        is_dir = e.is_dir()  # follows a link: checked first
+                    except OSError:  # a link in a loop: a file, which the decode check names
+                        is_dir = False
+                    if is_dir:
+                        if e.is_symlink():
+                            self._check_link(e.path)
+                        subdirs.append(e.path)
+                    elif is_image_file(e.name):
+                        names.append(e.path)  # a link that loops or dangles: named by the decode check
+                    else:
+                        self.others.append(e.path)
+            listed.append((folder, sorted(names)))
+            todo += subdirs
+        return [path for _, names in sorted(listed) for path in names]
+
+
+class FolderImages(Dataset):
+    """``(PIL RGB image, label)`` per file; ``samples`` is ``[(path, label)]``, ``targets`` the labels."""
+
+    def __init__(self, samples: list[tuple[str, int]], classes: list[str]) -> None:
+        self.samples, self.classes = samples, classes
+        self.targets = [label for _, label in samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        path, label = self.samples[i]
+        return _load_image(path), label
 
 
 def _load_image(path: str):
@@ -39,82 +135,95 @@ def _load_image(path: str):
     try:
         return open_image(path)
     except (OSError, ValueError) as err:
-        raise ConfigError(f"cannot read image {path}: {err}") from err
+        raise ConfigError(f"cannot read image {path}: {why_unreadable(err, path)}") from err
 
 
 class ImageFolderDataModule(ClassificationDataModule):
     """Images of any size, resized to the model's ``img_size`` (standard path only).
 
-    on_bad_image: what to do with a file that does not decode (zero bytes, truncated, not an
-    image): ``error`` stops in setup() naming the first ones, ``skip`` leaves them out with a
-    counted warning. Other keyword args: see ClassificationDataModule; ``num_classes`` must
-    equal the number of class folders. ImageNet statistics by default.
+    num_classes: None (default) counts the class folders of ``root/train``; a number given must
+    equal it. on_bad_image: what to do with a file that does not decode (zero bytes, truncated, not
+    an image, a link that loops): ``error`` stops in setup() naming the first ones, ``skip`` leaves
+    them out with a counted warning. Other keyword args: see ClassificationDataModule. ImageNet
+    statistics by default.
     """
 
     has_val_split = True  # root/val/, when present
 
-    def __init__(self, *, num_classes: int, fast_path: bool = False, on_bad_image: str = "error", **kwargs):
+    def __init__(self, *, num_classes: int | None = None, fast_path: bool = False, on_bad_image: str = "error",
+                 **kwargs):  # fmt: skip
         info = DatasetInfo(
             name="imagefolder", num_classes=None, channels=3, native_size=None,
             mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
         )  # fmt: skip
-        super().__init__(info=info, num_classes=num_classes, fast_path=fast_path, **kwargs)
-        if self.root is None:
+        if kwargs.get("root") is None:
             raise ConfigError("data.root is required for imagefolder (a directory with train/<class>/ folders)")
+        if num_classes is None:
+            num_classes = len(train_classes(kwargs["root"])[1])
+        super().__init__(info=info, num_classes=num_classes, fast_path=fast_path, **kwargs)
         if on_bad_image not in ON_BAD_IMAGE:
             raise ConfigError(f"data.on_bad_image={on_bad_image!r}: expected one of {', '.join(ON_BAD_IMAGE)}")
         self.on_bad_image = on_bad_image
 
+    @staticmethod
+    def num_classes_of(data) -> int:
+        """The class count of a data config whose ``num_classes`` is null: its train/ class folders."""
+        return len(train_classes(data.root)[1])
+
     def check(self) -> None:
-        train = os.path.join(self.root, "train")
-        if not os.path.isdir(train):
-            raise ConfigError(f"imagefolder: {train} does not exist; put one folder of images per class there")
-        classes = _class_dirs(train)
+        train, classes = train_classes(self.root)
         if len(classes) != self.num_classes:
             raise ConfigError(
                 f"data.num_classes={self.num_classes} but {train} has {len(classes)} class folders; "
-                f"set data.num_classes={len(classes)}"
+                f"set data.num_classes={len(classes)} or leave it out (null: counted from the folders)"
             )
-        self.class_names = classes  # ImageFolder's order: sorted folder names
+        self.class_names = classes  # sorted folder names
         for split in ("val", "test"):
             path = os.path.join(self.root, split)
-            if os.path.isdir(path) and _class_dirs(path) != classes:
-                raise ConfigError(f"imagefolder: the class folders of {path} differ from those of {train}")
+            if not os.path.isdir(path):
+                continue
+            theirs = _class_dirs(path)
+            missing, extra = [c for c in classes if c not in theirs], [c for c in theirs if c not in classes]
+            if missing or extra:
+                lacks = f"lacks class folder(s) {', '.join(missing)}" if missing else ""
+                has = f"has class folder(s) {', '.join(extra)} that train/ does not" if extra else ""
+                raise ConfigError(
+                    f"imagefolder: {path} {' and '.join(w for w in (lacks, has) if w)} ({len(classes)} classes in "
+                    f"{train}); give {split}/ the class folders of train/, or remove {split}/"
+                    + (" (val_split then takes validation images from train/)" if split == "val" else "")
+                )
 
     def prepare_data(self) -> None:
         """Under DDP this runs once before every rank's setup(): they then find the files decoded."""
         super().prepare_data()
-        for split in ("train", "val", "test"):
+        for split in SPLITS:
             self._load(split)
 
-    def _load(self, split: str) -> ImageFolder | None:
+    def _load(self, split: str) -> FolderImages | None:
         path = os.path.join(self.root, split)
         if not os.path.isdir(path):
             return None
-        others = []  # files ImageFolder leaves out for their extension: counted, not silent
-
-        def is_image(file: str) -> bool:
-            if has_file_allowed_extension(file, IMG_EXTENSIONS):
-                return True
-            others.append(file)
-            return False
-
-        try:
-            ds = _Folder(path, loader=_load_image, is_valid_file=is_image)
-        except FileNotFoundError as err:  # a class folder without any image
-            raise ConfigError(f"imagefolder: {err}") from err
-        if others:
-            rank_zero_warn(f"skipped {len(others)} non-image files in {path}, e.g. {os.path.relpath(others[0], path)}")
-        bad = find_bad_images([file for file, _ in ds.samples], folder=path)
+        if self.class_names is None:
+            self.check()
+        walk = _Walk(self.root)
+        samples = []
+        for label, name in enumerate(self.class_names):
+            files = walk.files(os.path.join(path, name))
+            if not files:
+                raise ConfigError(f"imagefolder: {os.path.join(path, name)} holds no image files "
+                                  f"({', '.join(IMAGE_EXTENSIONS)}); add images or remove the folder")  # fmt: skip
+            samples += [(file, label) for file in files]
+        if walk.others:
+            rank_zero_warn(f"skipped {len(walk.others)} non-image files in {path}, "
+                           f"e.g. {os.path.relpath(walk.others[0], path)}")  # fmt: skip
+        bad = find_bad_images([file for file, _ in samples], folder=path)
         if not bad:
-            return ds
+            return FolderImages(samples, list(self.class_names))
         named = [f"{os.path.relpath(file, path)} ({why})" for file, why in list(bad.items())[:3]]
         if self.on_bad_image == "error":
             raise ConfigError(
                 f"{len(bad)} unreadable images in {path}: {', '.join(named)}{', ...' if len(bad) > 3 else ''}; "
                 "remove or replace them, or set data.on_bad_image=skip"
             )
-        ds.samples = ds.imgs = [s for s in ds.samples if s[0] not in bad]
-        ds.targets = [label for _, label in ds.samples]
         rank_zero_warn(f"skipped {len(bad)} unreadable images in {path}, e.g. {named[0]}")
-        return ds
+        return FolderImages([s for s in samples if s[0] not in bad], list(self.class_names))

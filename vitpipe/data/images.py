@@ -1,11 +1,16 @@
-"""Image files: 8-bit pixels out of anything PIL reads, and a full-decode check of many files.
+"""Image files: which files are images, 8-bit upright pixels out of them, a full-decode check of many.
 
-``open_image`` scales 16-bit grayscale (PIL mode ``I;16``, e.g. 16-bit PNGs) by its bit depth;
-PIL's own ``convert("RGB")`` clips it, so every such image would load as all-white.
+One rule for every path that reads image files (image folders, make_shards, predict): a visible
+file whose extension is in ``IMAGE_EXTENSIONS`` is an image (``is_image_file``), and
+``open_image`` opens it (shards decode their stored bytes with it too). ``open_image`` turns the
+pixels upright by the file's EXIF orientation (a phone photo stored sideways with orientation 6
+loads as it is shown) and scales 16-bit grayscale (PIL mode ``I;16``, e.g. 16-bit PNGs) by its bit
+depth; PIL's own ``convert("RGB")`` clips it, so every such image would load as all-white.
 ``find_bad_images`` decodes every file (headers alone miss a truncated JPEG) in a thread pool and
 remembers the files that decoded, by path + mtime + size, so a second run decodes only new files.
 """
 
+import errno
 import hashlib
 import json
 import os
@@ -14,19 +19,33 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 from tqdm import tqdm
 
+# torchvision's IMG_EXTENSIONS and GIF (its first frame): formats Pillow decodes in every build
+IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".pgm", ".png", ".ppm", ".tif", ".tiff", ".webp")
 SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
 PROGRESS_MIN_FILES = 1000  # fewer files decode in seconds: no progress bar
 
 
+def is_image_file(path) -> bool:
+    """Whether ``path`` names an image file: visible (``._x.jpg`` is macOS metadata), an image extension."""
+    name = os.path.basename(str(path))
+    return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
 def open_image(path, mode: str = "RGB") -> Image.Image:
-    """The image at ``path`` fully decoded as 8-bit ``mode`` ("RGB" or "L").
+    """The image at ``path`` (a file name or a binary file object) fully decoded, upright, as 8-bit
+    ``mode`` ("RGB" or "L").
 
     Raises OSError/ValueError for a file that is not a readable image, naming why.
     """
     with Image.open(path) as im:
+        im.load()  # a decoding error surfaces here, before the EXIF block is read
+        try:
+            ImageOps.exif_transpose(im, in_place=True)  # keeps im.format, read below
+        except Exception:  # noqa: BLE001 - a malformed EXIF block: the pixels as stored, as before
+            pass
         # PNG stores at most 16 bits a sample; older Pillows open 16-bit gray PNGs as mode I
         if im.mode in SIXTEEN_BIT_MODES or (im.mode == "I" and im.format == "PNG"):
             pixels = np.clip(np.asarray(im, dtype=np.int64), 0, 65535) >> 8  # 16 -> 8 bits
@@ -37,6 +56,18 @@ def open_image(path, mode: str = "RGB") -> Image.Image:
         return im.convert(mode)
 
 
+def why_unreadable(err: Exception, path) -> str:
+    """A short reason ``path`` could not be read, without the path (the caller names the file once)."""
+    if isinstance(err, OSError) and err.errno == errno.ELOOP:
+        return "symbolic link loop"
+    if isinstance(err, FileNotFoundError):
+        return "broken symbolic link" if os.path.islink(path) else "no such file"
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror  # e.g. "Permission denied"; str(err) repeats the path
+    text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return text.replace(repr(str(path)), "").replace(str(path), "").strip(" :") or type(err).__name__
+
+
 def _decode_error(path: str) -> str | None:
     """Why the file at ``path`` does not decode, or None if it does."""
     try:
@@ -44,7 +75,7 @@ def _decode_error(path: str) -> str | None:
             return "empty file"
         open_image(path)
     except Exception as err:  # PIL raises many types for broken files
-        return (str(err).splitlines() or [type(err).__name__])[0]
+        return why_unreadable(err, path)
     return None
 
 

@@ -137,15 +137,16 @@ class ShardsDataModule(ClassificationDataModule):
     """Images streamed from ``root`` (a folder or URL written by make_shards), standard path only.
 
     Class names, channels, the native size and mean/std come from the shard index (mean/std can be
-    overridden); ``num_classes`` and ``channels`` are checked against it. ``cache_dir``: where chunks
-    of a URL root are downloaded (default: LitData's, under ~/.lightning). Not supported here, with
-    a one-line error: ``fast_path`` (the data is streamed, not held) and ``sampler=balanced`` (its
-    draws with replacement jump between chunks; balance the classes when writing the shards).
+    overridden); ``num_classes`` (None: the index's) and ``channels`` are checked against it.
+    ``cache_dir``: where chunks of a URL root are downloaded (default: LitData's, under ~/.lightning).
+    Not supported here, with a one-line error: ``fast_path`` (the data is streamed, not held) and
+    ``sampler=balanced`` (its draws with replacement jump between chunks; balance the classes when
+    writing the shards).
     """
 
     has_val_split = True  # make_shards always writes val/
 
-    def __init__(self, *, root: str, num_classes: int, channels: int, cache_dir: str | None = None,
+    def __init__(self, *, root: str, channels: int, num_classes: int | None = None, cache_dir: str | None = None,
                  fast_path: bool = False, sampler: str = "default", repeated_aug: int = 1, mean=None, std=None,
                  **kwargs) -> None:  # fmt: skip
         if root is None or not str(root).strip():
@@ -167,8 +168,16 @@ class ShardsDataModule(ClassificationDataModule):
             channels=int(idx["channels"]), native_size=None if idx["native_size"] is None else tuple(idx["native_size"]),
             mean=tuple(idx["mean"]), std=tuple(idx["std"]), class_names=tuple(idx["class_names"]),
         )  # fmt: skip
+        num_classes = info.num_classes if num_classes is None else num_classes  # a number given is checked
         super().__init__(info=info, root=str(root).rstrip("/"), num_classes=num_classes, channels=channels,
                          fast_path=False, sampler=sampler, mean=mean, std=std, **kwargs)  # fmt: skip
+
+    @staticmethod
+    def num_classes_of(data) -> int:
+        """The class count of a data config whose ``num_classes`` is null: the shard index's (a URL
+        root: its one small JSON file is fetched, as constructing the data module does)."""
+        cache_dir = data.get("cache_dir")
+        return int(read_index(str(data.root), None if cache_dir is None else str(cache_dir))["num_classes"])
 
     def check(self) -> None:
         if not is_url(self.root):  # a URL's chunks are checked by LitData as they download
