@@ -173,7 +173,7 @@ def test_cli_timm_export_model_card_and_offline_push(tmp_path_factory, tmp_path)
     metrics = json.loads((run / "metrics.json").read_text())
     num_params = sum(p.numel() for p in checkpoint_net(run / "checkpoints" / "epoch_000.ckpt").parameters())
     for text in ("library_name: timm", "vit_nano", f"{num_params:,} parameters", "Digits",
-                 "0, 1, 2, 3, 4, 5, 6, 7, 8, 9", f"test/acc: {metrics['test/acc']:.4f}",
+                 '[\n "0",\n "1",\n "2",', '"9"\n]\n```', f"test/acc: {metrics['test/acc']:.4f}",
                  "python scripts/train.py debug=fast logger=none", "Intended use and limits", "pos_embed: sincos2d"):
         assert text in card, text
     assert str(tmp_path) not in card and "log_dir" not in card  # no local paths in a card meant for sharing

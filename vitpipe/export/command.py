@@ -3,8 +3,10 @@
     format=timm  out=DIR         config.json + model.safetensors (timm's hub layout) + README.md model card
     format=onnx  out=model.onnx  one self-contained file, dynamic batch
 
-Both are checked after writing against the checkpoint's network (timm: logits within 1e-5,
-loaded back through ``timm.create_model("local-dir:DIR")``; ONNX: within 1e-4 in onnxruntime).
+Both are written beside ``out`` first and checked there against the checkpoint's network (timm: logits
+within 1e-5, loaded back through ``timm.create_model("local-dir:DIR")``; ONNX: within 1e-4 in
+onnxruntime), then renamed to ``out``: a failed check or a kill leaves an earlier export intact. A
+non-empty ``out`` folder is refused unless ``overwrite=true`` (an ONNX file is always replaced).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from vitpipe.errors import ConfigError
 from vitpipe.export.hub import check_repo_id, push_folder
 from vitpipe.export.model_card import model_card
 from vitpipe.export.onnx_format import export_onnx
+from vitpipe.export.staging import check_out_folder
 from vitpipe.export.timm_format import save_timm, timm_arch
 from vitpipe.models.timm_compat import timm_kwargs
 from vitpipe.predict import calibration_temperature, run_dir_of
@@ -33,13 +36,19 @@ def output_path(cfg: DictConfig) -> Path | None:
         if cfg.format != "timm":
             raise ConfigError(f"push_to_hub uploads a timm folder: use format=timm, not format={cfg.format}")
         check_repo_id(cfg.push_to_hub)
+    if not isinstance(cfg.get("overwrite", False), bool):
+        raise ConfigError(f"overwrite={cfg.overwrite!r}; valid: true (replace a non-empty out folder), false")
     if cfg.get("out") in (None, ""):
         return None
     out = Path(str(cfg.out))
     if cfg.format == "onnx" and out.suffix.lower() != ".onnx":
         raise ConfigError(f"out={cfg.out}: an ONNX export is one file whose name ends in .onnx")
+    if cfg.format == "onnx" and out.is_dir():
+        raise ConfigError(f"out={cfg.out} is a folder; format=onnx writes one .onnx file: pass a file path")
     if cfg.format == "timm" and out.exists() and not out.is_dir():
         raise ConfigError(f"out={cfg.out} is a file; format=timm writes a folder: pass a folder path")
+    if cfg.format == "timm":
+        check_out_folder(out, overwrite=cfg.get("overwrite", False))  # before the checkpoint is read
     return out
 
 
@@ -68,10 +77,9 @@ def export(cfg: DictConfig) -> Path:
 
     timm_kwargs(net)  # a part timm cannot express: one line, before anything is written
     class_names = built.class_names if built.class_names and len(built.class_names) == net.num_classes else None
-    diff = save_timm(net, spec, out, class_names=class_names)
     card = model_card(name=out.name, net=net, arch=timm_arch(net), spec=spec, train_config=checkpoint["vitpipe_config"],
                       class_names=class_names, run_dir=run_dir_of(path), temperature=calibration_temperature(path))
-    (out / "README.md").write_text(card, encoding="utf-8")
+    diff = save_timm(net, spec, out, class_names=class_names, readme=card, overwrite=cfg.get("overwrite", False))
     print(f"vitpipe export: timm model in {out} (config.json, model.safetensors, README.md; "
           f"timm's logits within {diff:.2g} of the checkpoint's)")
     if cfg.get("push_to_hub"):

@@ -4,6 +4,10 @@ Front matter and the first sections come from timm's own ``generate_readme`` (th
 ``push_to_hf_hub`` writes); vitpipe adds what a reader of a trained model needs: the data and its
 classes, the test metrics of the run (``metrics.json`` of the checkpoint's run directory), the
 training command and config, and the intended use and limits. Local paths are left out.
+
+Class names are data: they are listed once, as the JSON list of ``label_names`` in a code block
+(``<``, ``>``, ``&`` as JSON's ``\\u`` escapes), so a name with a comma, a pipe, a link or a tag is one
+name, rendered as text, and ``json.loads`` of the block gives them back exactly.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pathlib import Path
 import yaml
 from torch import nn
 
+from vitpipe.markdown import fenced
 from vitpipe.preprocess import InputSpec
 
 # config keys that describe the machine, not the model (paths, loggers, Hydra's own settings, a resume file)
@@ -48,6 +53,12 @@ def shareable_config(train_config: dict) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
+def class_list(class_names: list[str]) -> str:
+    """The names as a JSON list, one a line, with no raw ``<``, ``>`` or ``&`` (no tag, even inside code)."""
+    text = json.dumps([str(n) for n in class_names], ensure_ascii=False, indent=1)
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
 def model_card(*, name: str, net: nn.Module, arch: str, spec: InputSpec, train_config: dict,
                class_names: list[str] | None, run_dir: Path | None, temperature: float | None) -> str:
     """README.md text for an exported timm folder named ``name``; ``train_config``: the run's config as the
@@ -69,7 +80,8 @@ def model_card(*, name: str, net: nn.Module, arch: str, spec: InputSpec, train_c
         "Preprocessing": (f"{spec.interpolation} resize, crop_mode {spec.crop_mode}, crop_pct {spec.crop_pct}, "
                           f"mean {list(spec.mean)}, std {list(spec.std)} (from config.json's pretrained_cfg)"),
         "Data": data_name,
-        "Classes": ", ".join(class_names) if class_names else f"{net.num_classes} (names not stored: indices)",
+        "Classes": (f"{net.num_classes}, named under Classes below" if class_names
+                    else f"{net.num_classes} (names not stored: indices)"),
     }
     if metrics:
         details["Test metrics"] = {k: f"{v:.4f}" for k, v in sorted(metrics.items())}
@@ -83,10 +95,13 @@ def model_card(*, name: str, net: nn.Module, arch: str, spec: InputSpec, train_c
         "usage": _usage(name, spec),
     }
     text = generate_readme(card, name, task_name="image-classification")
+    if class_names:
+        text += ("\n## Classes\n\nIn index order (the logits' order), as in config.json's `label_names`:\n\n"
+                 + fenced(class_list(class_names), "json"))
     command = train_command(run_dir) if run_dir else None
     text += "\n## Training\n"
-    text += f"\n```bash\n{command}\n```\n" if command else "\nThe training command was not recorded.\n"
-    text += f"\n<details><summary>Run config</summary>\n\n```yaml\n{shareable_config(train_config)}```\n</details>\n"
+    text += f"\n{fenced(command, 'bash')}" if command else "\nThe training command was not recorded.\n"
+    text += f"\n<details><summary>Run config</summary>\n\n{fenced(shareable_config(train_config), 'yaml')}</details>\n"
     text += (
         "\n## Intended use and limits\n\n"
         f"Classifies images into the {net.num_classes} classes above, for images like those of the training "

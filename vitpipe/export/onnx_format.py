@@ -1,8 +1,14 @@
 """format=onnx: one self-contained ``.onnx`` file with a dynamic batch, checked with onnxruntime.
 
-torch's dynamo exporter (the default since torch 2.9) writes weights over 2 GB, and by default any
-weights, to a separate ``.onnx.data`` file; ``external_data=False`` keeps them inside. Every vitpipe
+torch's dynamo exporter (the default since torch 2.9) saves weights to a separate ``.onnx.data`` file by
+default, and always above 2 GB; vitpipe serializes the exported model itself, weights inside, so an
+export is one file (protobuf caps it at 2 GB; larger networks are refused with a line). Every vitpipe
 position kind and stem exports: RoPE and the recomputed sin-cos tables are ordinary tensor ops.
+
+The file is written through ``atomic_write``: the exporter's bytes go to a temporary file beside
+``out`` and are run in onnxruntime against PyTorch before that file is renamed to ``out``. A kill at
+any moment leaves the old ``out`` (or none) plus at worst a temporary file, which the next export to
+the same ``out`` removes; a failed check removes it at once.
 """
 
 from __future__ import annotations
@@ -16,43 +22,65 @@ import torch
 from torch import nn
 
 from vitpipe.errors import ConfigError, ExportCheckError
+from vitpipe.lit.checkpointing import atomic_write, remove_stale_temp_files
 from vitpipe.preprocess import InputSpec
 
 ONNX_TOLERANCE = 1e-4  # max abs logit difference between onnxruntime and PyTorch, fp32
+ONNX_MAX_BYTES = 2**31  # protobuf's limit on one serialized message: the whole self-contained file
 
 
 def export_onnx(net: nn.Module, spec: InputSpec, out: Path) -> float:
     """Write ``net`` (images (B, in_chans, H, W) -> logits (B, classes)) to ``out``; returns the max
-    abs difference of onnxruntime's logits from PyTorch's on a random batch of 3. A file failing that
-    check is removed and ExportCheckError raised."""
+    abs difference of onnxruntime's logits from PyTorch's on a random batch of 3. A model failing that
+    check is not written (ExportCheckError; an earlier ``out`` stays as it was)."""
     if hasattr(net, "generate"):
         raise ConfigError("format=onnx exports classifiers; this checkpoint is a captioner "
                           "(its decoding loop is not one graph): use scripts/predict.py for captions")
     net = net.eval().cpu()
+    size = sum(t.numel() * t.element_size() for t in [*net.parameters(), *net.buffers()])
+    if size >= ONNX_MAX_BYTES:
+        raise ConfigError(f"format=onnx writes one self-contained file, and ONNX (protobuf) holds at most 2 GB in "
+                          f"one: this network's weights are {size / 1e9:.2f} GB; use format=timm")
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files(out.parent, name=out.name)  # what earlier killed exports left
+    diffs = []
+
+    def write(f) -> None:  # called on the temporary file; returning lets atomic_write rename it to out
+        model = _onnx_bytes(net, spec)
+        f.write(model)
+        f.flush()
+        diffs.append(check_onnx(net, model, torch.randn(3, spec.in_chans, *spec.img_size)))
+
+    try:
+        atomic_write(out, write)
+    except ExportCheckError as e:
+        raise ExportCheckError(f"{e}; nothing was written to {out}") from None
+    return diffs[0]
+
+
+def _onnx_bytes(net: nn.Module, spec: InputSpec) -> bytes:
     x = torch.randn(3, spec.in_chans, *spec.img_size)
     batch = torch.export.Dim("batch", min=1)
     for name in ("onnx_ir", "onnxscript"):  # their INFO lines narrate graph passes
         logging.getLogger(name).setLevel(logging.WARNING)
     with contextlib.redirect_stdout(io.StringIO()):  # the exporter narrates each step on stdout
-        torch.onnx.export(net, (x,), str(out), dynamo=True, external_data=False, dynamic_shapes=({0: batch},),
-                          input_names=["images"], output_names=["logits"], verbose=False)
-    try:
-        return check_onnx(net, out, torch.randn(3, spec.in_chans, *spec.img_size))
-    except ExportCheckError:
-        out.unlink(missing_ok=True)
-        raise
+        program = torch.onnx.export(net, (x,), None, dynamo=True, dynamic_shapes=({0: batch},),
+                                    input_names=["images"], output_names=["logits"], verbose=False)
+    return program.model_proto.SerializeToString()  # what ONNXProgram.save writes, weights inside
 
 
 @torch.no_grad()
-def check_onnx(net: nn.Module, path: Path, x: torch.Tensor) -> float:
-    """Max abs difference between onnxruntime's and PyTorch's logits on ``x``; ExportCheckError above tolerance."""
+def check_onnx(net: nn.Module, model: Path | bytes, x: torch.Tensor) -> float:
+    """Max abs difference between onnxruntime's and PyTorch's logits on ``x``; ExportCheckError above tolerance.
+    ``model``: an .onnx file, or its bytes."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model if isinstance(model, bytes) else str(model),
+                                   providers=["CPUExecutionProvider"])
     got = torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
     diff = (got - net.eval()(x)).abs().max().item()
     if not diff <= ONNX_TOLERANCE:
-        raise ExportCheckError(f"onnxruntime's logits from {path} differ from PyTorch's: max abs difference "
-                               f"{diff:.3g} > {ONNX_TOLERANCE}; the file was removed")
+        where = "" if isinstance(model, bytes) else f" from {model}"
+        raise ExportCheckError(f"onnxruntime's logits{where} differ from PyTorch's: max abs difference "
+                               f"{diff:.3g} > {ONNX_TOLERANCE}")
     return diff

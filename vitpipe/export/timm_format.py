@@ -4,7 +4,9 @@ The network is converted to a timm ``VisionTransformer`` (``timm_compat.to_timm`
 ``timm.create_model("local-dir:DIR", pretrained=True)`` rebuilds it from timm's own registry and
 ``model_args``. Its ``pretrained_cfg`` states vitpipe's preprocessing rule (``vitpipe.preprocess``),
 so ``resolve_data_config({}, model=m)`` + ``create_transform(**cfg)`` feed it as ``scripts/predict.py``
-does. After writing, the folder is loaded back through timm and checked against the network.
+does. The folder is built beside ``out`` (``vitpipe.export.staging``), loaded back through timm and
+checked against the network, and only then renamed to ``out``: a failed check or a kill leaves
+``out`` as it was.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 
 from vitpipe.errors import ExportCheckError
+from vitpipe.export.staging import staged_folder
 from vitpipe.models.registry import TIMM_NAMES, VARIANTS
 from vitpipe.models.timm_compat import timm_kwargs, to_timm
 from vitpipe.preprocess import InputSpec
@@ -34,10 +37,12 @@ def timm_arch(net: nn.Module) -> str:
     return GENERIC_ARCH
 
 
-def save_timm(net: nn.Module, spec: InputSpec, out: Path, *, class_names: list[str] | None = None) -> float:
-    """Write ``out/config.json`` + ``out/model.safetensors``; returns the max abs logit difference
-    between the model timm loads back and ``net`` (ExportCheckError above ``TIMM_TOLERANCE``).
-    ConfigError (before anything is written) when timm cannot express a part of ``net``."""
+def save_timm(net: nn.Module, spec: InputSpec, out: Path, *, class_names: list[str] | None = None,
+              readme: str | None = None, overwrite: bool = False) -> float:
+    """Write the folder ``out``: ``config.json`` + ``model.safetensors`` (+ ``README.md`` = ``readme``); returns
+    the max abs logit difference between the model timm loads back and ``net`` (ExportCheckError above
+    ``TIMM_TOLERANCE``, and ``out`` untouched). ConfigError, before anything is written, when timm cannot
+    express a part of ``net`` or ``out`` is a non-empty folder and not ``overwrite``."""
     from timm.models import save_for_hf
 
     arch = timm_arch(net)
@@ -46,9 +51,12 @@ def save_timm(net: nn.Module, spec: InputSpec, out: Path, *, class_names: list[s
     tm.pretrained_cfg = tm.default_cfg = dict(architecture=arch, num_classes=tm.num_classes, classifier="head",
                                               first_conv="patch_embed.proj", **spec.timm_data_config())
     labels = {"label_names": list(class_names)} if class_names else None
-    save_for_hf(tm, str(out), model_config=labels, safe_serialization=True)
-    _user_permissions(Path(out) / "model.safetensors")
-    return check_timm(net, out, spec)
+    with staged_folder(out, overwrite=overwrite) as folder:
+        save_for_hf(tm, str(folder), model_config=labels, safe_serialization=True)
+        _user_permissions(folder / "model.safetensors")
+        if readme is not None:
+            (folder / "README.md").write_text(readme, encoding="utf-8")
+        return check_timm(net, folder, spec, name=out)
 
 
 def _user_permissions(path: Path) -> None:
@@ -59,13 +67,16 @@ def _user_permissions(path: Path) -> None:
 
 
 @torch.no_grad()
-def check_timm(net: nn.Module, out: Path, spec: InputSpec, batch: int = 3) -> float:
+def check_timm(net: nn.Module, folder: Path, spec: InputSpec, batch: int = 3, *, name: Path | None = None) -> float:
+    """Max abs logit difference of ``timm.create_model("local-dir:<folder>")`` from ``net``; ExportCheckError
+    above tolerance (``name``: the folder the message names, when ``folder`` is its staging copy)."""
     import timm
 
-    loaded = timm.create_model(f"local-dir:{out}", pretrained=True).eval()
+    loaded = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
     x = torch.randn(batch, spec.in_chans, *spec.img_size)
     diff = (loaded(x) - net.eval()(x)).abs().max().item()
     if not diff <= TIMM_TOLERANCE:
-        raise ExportCheckError(f"the timm model written to {out} differs from the checkpoint's network: "
-                               f"max abs logit difference {diff:.3g} > {TIMM_TOLERANCE}")
+        left = f"; {name} was left as it was" if name is not None else ""
+        raise ExportCheckError(f"the timm model written for {name or folder} differs from the checkpoint's network: "
+                               f"max abs logit difference {diff:.3g} > {TIMM_TOLERANCE}{left}")
     return diff

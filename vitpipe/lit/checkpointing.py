@@ -5,7 +5,8 @@
   (rename is atomic on POSIX), never a truncated file under the real name; a failed write
   (a full disk) removes its temporary file and raises ``DiskFullError`` naming the path. Files
   get the permissions the user's umask gives (``mkstemp`` alone would make them 0600).
-- ``remove_stale_temp_files``: the temporary files of writes whose process was killed.
+- ``remove_stale_temp_files``: the temporary files (and ``temp_dir_beside`` folders) of writes
+  whose process was killed.
 - ``BestAndLastCheckpoint``: Lightning's ``ModelCheckpoint`` (best k by a metric) whose
   ``last.ckpt`` is always the newest state: after every epoch and every N steps if asked.
 - ``PreemptionCheckpoint``: on SIGTERM (what schedulers send before killing a job) or Ctrl-C,
@@ -19,8 +20,10 @@
 from __future__ import annotations
 
 import errno
+import glob
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -140,16 +143,34 @@ def _writer_may_be_alive(p: Path) -> bool:
     return True
 
 
-def remove_stale_temp_files(directory) -> list[Path]:
-    """Delete the ``.<name>.tmp-*`` files in ``directory`` whose writer was killed mid-save."""
+def temp_dir_beside(path: Path) -> Path:
+    """A new empty folder beside ``path``, named as ``atomic_write`` names its temporary files (so a
+    killed writer's folder is found by ``remove_stale_temp_files``), with the user's umask."""
+    path = Path(path)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=_temp_prefix(path.name)))
+    tmp.chmod(0o777 & ~_umask())
+    return tmp
+
+
+def remove_stale_temp_files(directory, name: str | None = None) -> list[Path]:
+    """Delete the ``.<name>.tmp-*`` files in ``directory`` whose writer was killed mid-save.
+
+    With ``name``: only those of writes to ``directory/name``, folders (``temp_dir_beside``) included,
+    and only under the names this module gives them: ``directory`` may be any folder of the user's.
+    """
     directory = Path(directory)
     if not directory.is_dir():
         return []
     removed = []
-    for p in directory.glob(".*.tmp-*"):
+    for p in directory.glob(".*.tmp-*" if name is None else f".{glob.escape(name)}.tmp-*"):
         try:
+            if name is not None and not _TEMP_NAME.fullmatch(p.name):
+                continue
             if p.is_file() and not _writer_may_be_alive(p):
                 p.unlink()
+                removed.append(p)
+            elif name is not None and p.is_dir() and not p.is_symlink() and not _writer_may_be_alive(p):
+                shutil.rmtree(p)
                 removed.append(p)
         except FileNotFoundError:
             pass  # its writer finished (renamed it) meanwhile

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vitpipe.markdown import escape
 from vitpipe.report.calibration import N_BINS, expected_calibration_error, reliability_bins
 from vitpipe.report.figures import (
     calibration_figure,
@@ -108,8 +109,9 @@ def _markdown(run_dir, split, title, summary, metrics, per_class, names, paths, 
     support = per_class["support"]
     order = sorted(range(len(names)), key=lambda i: (float(per_class["recall"][i]), -int(support[i])))
     order = [i for i in order if support[i] > 0][:MD_CLASS_ROWS]
-    lines += [f"| {names[i]} | {float(per_class['precision'][i]):.3f} | {float(per_class['recall'][i]):.3f} | "
-              f"{float(per_class['f1'][i]):.3f} | {int(support[i])} |" for i in order]
+    lines += [f"| {escape(names[i])} | {float(per_class['precision'][i]):.3f} | "  # a name stays one cell
+              f"{float(per_class['recall'][i]):.3f} | {float(per_class['f1'][i]):.3f} | {int(support[i])} |"
+              for i in order]
     lines += ["", "## Calibration", "", "Top-1 confidence against accuracy in 15 equal-width bins; the expected "
               "calibration error (ECE) is the count-weighted mean gap.", "", "![reliability diagram](calibration.png)",
               "", "## Most confident mistakes", "", "![most confident mistakes](errors.png)", ""]
