@@ -13,7 +13,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
 from vitpipe.errors import ConfigError
-from vitpipe.rundir import register_resolvers
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +27,6 @@ def auto_precision() -> str:
 
 if not OmegaConf.has_resolver("auto_precision"):
     OmegaConf.register_new_resolver("auto_precision", auto_precision)
-register_resolvers()  # ${cwd:}, ${unique_dir:...} (conf/paths, conf/hydra)
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -49,6 +47,16 @@ def check_config(cfg: DictConfig) -> None:
             f"model.num_classes={model_n} does not match data.num_classes={data_n}; "
             f"drop the model.num_classes override (it follows the data) or fix data.num_classes"
         )
+
+
+def check_device(cfg: DictConfig) -> None:
+    """A GPU trainer on a machine without one: one line before anything is built (Lightning's own
+    message, "No supported gpu backend found!", names neither the setting nor the way out). Not part
+    of ``check_config``: a config for GPU nodes may be composed and checked on a CPU-only login node."""
+    accelerator = str((cfg.get("trainer") or {}).get("accelerator", ""))
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"trainer.accelerator={accelerator} needs a CUDA GPU and torch sees none here; "
+                          f"use trainer=cpu (or trainer=default, which picks the device)")
 
 
 def instantiate_checked(node: DictConfig, key: str, **kwargs):
