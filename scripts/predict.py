@@ -1,12 +1,10 @@
 """Predict image files: `python scripts/predict.py ckpt_path=<ckpt or run dir> images=<folder|file|glob> out=preds.csv`."""
 
-import hydra
-
-from vitpipe.cli import run_cli
+from vitpipe.cli import hydra_main, run_cli
 from vitpipe.predict import predict
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="predict")
+@hydra_main(config_path="../conf", config_name="predict")
 def main(cfg) -> None:
     run_cli(predict, cfg)
 

@@ -1,12 +1,10 @@
 """Train (and test) a ViT: `python scripts/train.py [group=option ...] [key=value ...]`."""
 
-import hydra
-
-from vitpipe.cli import run_cli
+from vitpipe.cli import hydra_main, run_cli
 from vitpipe.train import train
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+@hydra_main(config_path="../conf", config_name="train")
 def main(cfg) -> float | None:
     metrics = run_cli(train, cfg)
     return metrics.get(cfg.get("optimized_metric")) if metrics else None  # for Hydra sweepers

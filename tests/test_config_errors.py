@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 
+import lightning
 import pytest
 import torch
 from omegaconf import OmegaConf, open_dict
@@ -144,3 +145,143 @@ def test_checks_never_import_a_target_outside_the_trusted_libraries(cfg_factory)
     assert "tabnanny" not in sys.modules
     check_values(cfg)  # nothing to judge about a target it does not read
     assert "tabnanny" not in sys.modules
+
+
+# ---- override mistakes Hydra itself would report (before any vitpipe code ran) -----------------
+
+SCRIPTS = ["train", "eval", "predict", "export", "visualize_attention", "make_shards"]
+
+
+def _vitpipe_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("vitpipe:")]
+
+
+def test_unknown_key_through_the_real_cli_is_one_line_with_the_close_match(tmp_path):
+    r = _train_cli("trainer.max_epoch=3", f"hydra.run.dir={tmp_path}/run", timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == _vitpipe_lines(r.stderr), r.stderr[-2000:]  # nothing but the line
+    (line,) = _vitpipe_lines(r.stderr)
+    assert line.startswith("vitpipe: error: trainer.max_epoch is not a key of trainer; "
+                           "did you mean trainer.max_epochs? (valid: "), line
+    assert "max_steps" in line and len(line) < 300, line
+    assert not (tmp_path / "run").exists()  # stopped before Hydra made the run directory
+
+
+def test_unknown_key_in_a_multirun_is_the_same_line_and_no_sweep_starts(tmp_path):
+    r = _train_cli("trainer.max_epoch=3,4", f"hydra.sweep.dir={tmp_path}/sweep", multirun=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    (line,) = _vitpipe_lines(r.stderr)
+    assert line.startswith("vitpipe: error: trainer.max_epoch is not a key of trainer; did you mean "
+                           "trainer.max_epochs?"), line
+    assert not (tmp_path / "sweep").exists()
+
+
+def _script_main(name: str):
+    import importlib.util
+
+    from test_scale import ROOT
+
+    spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_reports_an_unknown_key_in_one_line(script, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", [f"{script}.py", "task_namex=1"])
+    with pytest.raises(SystemExit) as stop:
+        _script_main(script)()
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "vitpipe: error: task_namex is not a key of the config; did you mean task_name? (valid: "), err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["model=vit_b61"], "model=vit_b61 is not an option of model; did you mean model=vit_b16? (valid: captioner, "),
+    (["-m", "model=vit_nano,vit_b61"], None),  # the first job composes; Hydra reports the later one itself
+    (["trainr.max_epochs=3"], "trainr is not a key of the config; did you mean trainer? (valid: "),
+    (["~trainer.max_epoch"], "trainer.max_epoch is not a key of trainer; did you mean trainer.max_epochs?"),
+    (["hydra.run.dirr=x"], "hydra.run.dirr is not a key of hydra.run; did you mean hydra.run.dir? (valid: dir)"),
+    (["debug=fast", "model.dpeth=3"], "model.dpeth is not a key of model; did you mean model.depth? (valid: "),
+])
+def test_override_mistakes_are_one_line(argv, message, monkeypatch, capsys):
+    import vitpipe.cli
+
+    if message is None:
+        assert vitpipe.cli.command_line_mistake(_conf(), "train", argv) is None
+        return
+    assert vitpipe.cli.command_line_mistake(_conf(), "train", argv).startswith(message)
+
+
+def _conf():
+    from test_scale import ROOT
+
+    return ROOT / "conf"
+
+
+def test_valid_command_lines_pass_the_override_check():
+    from vitpipe.cli import command_line_mistake
+
+    for argv in (["debug=fast", "model.depth=2", "+trainer.max_time=null"], ["-m", "model=vit_nano,vit_micro",
+                 "model.depth=1,2"], ["-m", "hparams_search=optuna"], ["--cfg", "job"], ["--help"],
+                 ["model=vit_b16", "data=cifar10"], ["hydra/launcher=submitit_local"]):
+        assert command_line_mistake(_conf(), "train", argv) is None, argv
+
+
+def test_plus_key_the_target_does_not_take_names_the_close_match(cfg_factory, capsys):
+    from vitpipe.train import train
+
+    cfg = cfg_factory("debug=fast", "logger=none", "+trainer.max_epoch=3")
+    with pytest.raises(SystemExit):
+        run_cli(train, cfg)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("vitpipe: error: trainer.max_epoch is not an argument of Trainer; did you mean "
+                           "trainer.max_epochs? (valid: accelerator, strategy, "), line
+    assert len(line) < 300, line
+
+
+# ---- resuming with another model ------------------------------------------------------------
+
+
+def _saved_module(tmp_path, *overrides: str):
+    from conftest import make_cfg
+    from vitpipe.train import build
+
+    _, _, module = build(make_cfg(tmp_path / "src", ["debug=fast", "logger=none", *overrides]))
+    path = tmp_path / "src" / "last.ckpt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": module.state_dict(), "pytorch-lightning_version": lightning.__version__}, path)
+    return path
+
+
+def test_check_fits_names_unexpected_keys_and_shape_mismatches(tmp_path):
+    from vitpipe.checkpoint import check_fits
+    from vitpipe.models.registry import create_model
+
+    deeper = {f"net.{k}": v for k, v in create_model("vit_nano", dim=32, depth=3, num_heads=2).state_dict().items()}
+    with pytest.raises(ConfigError) as err:
+        check_fits(deeper, create_model("vit_nano", dim=32, depth=1, num_heads=2), "x.ckpt")
+    msg = str(err.value)
+    assert "24 unexpected keys: blocks.1.norm1.weight, blocks.1.norm1.bias, blocks.1.attn.qkv.weight and 21 more" \
+        in msg, msg
+    wider = {f"net.{k}": v for k, v in create_model("vit_nano", dim=48, depth=2, num_heads=2).state_dict().items()}
+    with pytest.raises(ConfigError) as err:
+        check_fits(wider, create_model("vit_nano", dim=32, depth=1, num_heads=2), "x.ckpt")
+    msg = str(err.value)
+    assert "shape mismatches (checkpoint vs model): cls_token (1,1,48) vs (1,1,32) and " in msg, msg
+    assert "12 unexpected keys: blocks.1." in msg and "\n" not in msg and len(msg) < 400, msg
+    check_fits(deeper, create_model("vit_nano", dim=32, depth=3, num_heads=2), "x.ckpt")  # fits: no error
+
+
+def test_resume_with_fewer_blocks_is_one_line_through_the_cli(tmp_path):
+    ckpt = _saved_module(tmp_path, "model.depth=2")
+    r = _train_cli("debug=fast", "logger=none", f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path}/run",
+                   f"paths.log_dir={tmp_path}/logs", timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    (line,) = _vitpipe_lines(r.stderr)
+    assert line.startswith(f"vitpipe: error: checkpoint {ckpt} does not fit the configured model: "
+                           "12 unexpected keys: blocks.1.norm1.weight, "), line
+    assert not (tmp_path / "run" / "config.yaml").exists()  # stopped before the run wrote anything of its own

@@ -1,23 +1,160 @@
-"""Shared entry wrapper: mistakes and stops print one line, no traceback wall.
+"""Shared entry wrappers: mistakes and stops print one line, no traceback wall.
 
-Exit statuses: 0 done; 2 a configuration mistake; 3 a NaN/inf loss stopped training; 74 a full disk
-(EX_IOERR; earlier checkpoints are intact); 128 + signal for a stop by a signal: 143 SIGTERM,
-130 SIGINT (Ctrl-C). A stop while fitting has written a resumable ``last.ckpt`` first.
+``hydra_main`` is the ``@hydra.main`` of scripts/*.py: it checks the command line before Hydra
+composes it (Hydra reports an unknown key in its own words, with exit status 1, before any vitpipe
+code runs); ``run_cli`` runs the script's body. Exit statuses: 0 done; 2 a configuration mistake;
+3 a NaN/inf loss stopped training; 74 a full disk (EX_IOERR; earlier checkpoints are intact);
+128 + signal for a stop by a signal: 143 SIGTERM, 130 SIGINT (Ctrl-C). A stop while fitting has
+written a resumable ``last.ckpt`` first.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import re
 import signal
 import sys
+from pathlib import Path
 
+import hydra
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from vitpipe.errors import ConfigError
 from vitpipe.lit.checkpointing import DiskFullError, SecondInterrupt, disk_full_cause
 from vitpipe.lit.classifier import NonFiniteLossError
+from vitpipe.validate import check_wandb_login, did_you_mean
 
 EXIT_CONFIG, EXIT_NONFINITE, EXIT_DISK_FULL = 2, 3, 74
+
+
+def hydra_main(config_path: str, config_name: str):
+    """``@hydra.main(version_base="1.3", config_path=..., config_name=...)`` whose command line is
+    checked first (``command_line_mistake``): a mistake there is one line and exit status 2, and
+    Hydra has not made a run or sweep directory yet."""
+
+    def decorate(task):
+        run = hydra.main(version_base="1.3", config_path=config_path, config_name=config_name)(task)
+
+        @functools.wraps(task)
+        def main(cfg: DictConfig | None = None):
+            if cfg is None:  # from the command line (Hydra passes a config through unchecked)
+                conf = Path(inspect.getfile(task)).resolve().parent / config_path  # as Hydra finds it
+                mistake = command_line_mistake(conf, config_name, sys.argv[1:])
+                if mistake:
+                    print(f"vitpipe: error: {mistake}", file=sys.stderr)
+                    sys.exit(EXIT_CONFIG)
+            return run(cfg)
+
+        return main
+
+    return decorate
+
+
+def command_line_mistake(conf: Path, config_name: str, argv: list[str]) -> str | None:
+    """The first mistake of a script's command line that shows before a run starts, in one line, or
+    None: an override naming a key the config lacks (``trainer.max_epoch=3``, with the closest valid
+    key) or an option its group lacks (``model=vit_b61``), and a logger that cannot start
+    (``logger=wandb`` without a login). The overrides are composed once with Hydra's compose API,
+    nothing resolved; in a multirun, the first job's. Whatever this cannot judge (Hydra's own flags,
+    sweeps other than lists and ranges, other errors) is left to Hydra to report as before."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.utils import get_args_parser  # the parser @hydra.main itself uses
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import ConfigCompositionException, MissingConfigException
+
+    args = get_args_parser().parse_args(argv)
+    if (args.help or args.hydra_help or args.info or args.shell_completion or args.experimental_rerun
+            or args.config_path or args.config_dir or GlobalHydra.instance().is_initialized()):
+        return None
+    overrides = _first_job(args.overrides)
+    if overrides is None:
+        return None
+    name = args.config_name or config_name
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        try:
+            cfg = compose(config_name=name, overrides=overrides, return_hydra_config=True)
+        except MissingConfigException as e:
+            return _unknown_option(e, overrides, GlobalHydra.instance().config_loader())
+        except ConfigCompositionException as e:
+            key = _unknown_key(e)
+            if key is None:
+                return None
+            others = [o for o in overrides if _key(o) != key]
+            try:
+                cfg = compose(config_name=name, overrides=others, return_hydra_config=True)
+            except Exception:  # noqa: BLE001 - another mistake as well: this one is named alone
+                return f"{key} is not a key of {key.rpartition('.')[0] or 'the config'}"
+            return _unknown_key_message(key, cfg)
+        except Exception:  # noqa: BLE001 - not a mistake this check knows: Hydra reports it as before
+            return None
+    try:
+        check_wandb_login(cfg)
+    except ConfigError as e:
+        return str(e)
+    except Exception:  # noqa: BLE001 - a value that needs the run to resolve: train() checks again
+        pass
+    return None
+
+
+def _first_job(overrides: list[str]) -> list[str] | None:
+    """The overrides of a multirun's first job (``a=1,2`` -> ``a=1``), as Hydra's basic sweeper
+    writes them; the overrides themselves when nothing sweeps; None when they cannot be read here."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        if not any(o.is_sweep_override() for o in parsed):
+            return list(overrides)
+        return [f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}" if o.is_sweep_override()
+                else o.input_line for o in parsed]
+    except Exception:  # noqa: BLE001 - a syntax error, an interval or glob sweep: Hydra's to report
+        return None
+
+
+def _key(override: str) -> str:
+    return re.split(r"[=@]", override.lstrip("+~"), maxsplit=1)[0]
+
+
+def _unknown_key(e: Exception) -> str | None:
+    """The key of Hydra's "Could not override 'k'" / "Could not delete ... 'k' does not exist"."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    text = str(e)
+    found = re.match(r"Could not delete from config\. '([^'@]+)' does not exist", text)
+    if found is None and isinstance(e.__cause__, (ConfigAttributeError, ConfigKeyError)):
+        found = re.match(r"Could not override '([^'@]+)'", text)
+    return found.group(1) if found else None
+
+
+def _unknown_key_message(key: str, cfg: DictConfig) -> str:
+    """``a.b.c is not a key of a.b; did you mean a.b.d? (valid: ...)``, at the first part that is missing."""
+    parts, node = key.split("."), cfg
+    for i, part in enumerate(parts):
+        parent = ".".join(parts[:i])
+        if not isinstance(node, DictConfig):
+            return f"{key}: {parent} is a value, not a group of keys"
+        keys = [str(k) for k in node.keys() if not re.fullmatch(r"_\w+_", str(k))  # not _target_ and the like
+                and (i or k != "hydra" or parts[0] == "hydra")]
+        if part not in node.keys():
+            return (f"{'.'.join(parts[:i + 1])} is not a key of {parent or 'the config'}"
+                    + did_you_mean(part, keys, f"{parent}." if parent else ""))
+        leaf = OmegaConf.is_interpolation(node, part) or OmegaConf.is_missing(node, part)
+        node = None if leaf else node[part]  # never resolved: ${unique_dir:...} would claim a run directory
+    return f"{key} is not a key of the config"
+
+
+def _unknown_option(e, overrides: list[str], loader) -> str | None:
+    """``model=vit_b61 is not an option of model; did you mean model=vit_b16? (valid: ...)`` when the
+    missing config is one the command line chose (not one a config file's defaults name)."""
+    group, _, option = str(getattr(e, "missing_cfg_file", "") or "").rpartition("/")
+    chosen = [o for o in overrides if re.fullmatch(rf"\+{{0,2}}{re.escape(group)}={re.escape(option)}", o)]
+    if not group or not chosen:
+        return None
+    options = list(getattr(e, "options", None) or loader.get_group_options(group))
+    return f"{group}={option} is not an option of {group}" + did_you_mean(option, options, f"{group}=")
 
 
 def run_cli(fn, cfg):

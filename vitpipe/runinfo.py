@@ -69,16 +69,18 @@ def print_summary(cfg: DictConfig, metrics: dict, trainer: L.Trainer) -> None:
                      f"  run dir          {output_dir(cfg)}"] + ([f"  best checkpoint  {best}"] if best else [])))
 
 
-def finish_loggers(loggers: list) -> None:
-    """Close wandb runs (so a sweep's next job starts a new run) and flush the others."""
+def finish_loggers(loggers: list, status: str = "success") -> None:
+    """Close wandb runs (so a sweep's next job starts a new run) and flush the others, telling each how
+    the run ended: ``status`` is Lightning's "success" or "failed" (wandb marks a failed run by its
+    exit code)."""
     for lg in loggers:
         if isinstance(lg, WandbLogger):
             import wandb
 
             if wandb.run is not None:
-                wandb.finish()
+                wandb.finish(exit_code=0 if status == "success" else 1)
         elif hasattr(lg, "finalize"):
             try:
-                lg.finalize("success")
+                lg.finalize(status)
             except Exception:  # noqa: BLE001 - flushing a logger must not mask the run's own error
                 pass

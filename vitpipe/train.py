@@ -74,6 +74,7 @@ def _train(cfg: DictConfig) -> dict[str, float]:
     dm, net, module = build(cfg)
     ckpt_path = resume_path(cfg, net)
     write_run_files(cfg, {})
+    status = "failed"  # what the loggers are told unless the run gets to its end
     try:
         if cfg.get("train", True):
             trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
@@ -84,9 +85,10 @@ def _train(cfg: DictConfig) -> dict[str, float]:
             metrics.update(collect_metrics(trainer, prefix="test/"))
         write_run_files(cfg, metrics)
         print_summary(cfg, metrics, trainer)
+        status = "success"
         return metrics
     finally:
-        finish_loggers(loggers)
+        finish_loggers(loggers, status)
 
 
 def resume_path(cfg: DictConfig, net) -> str | None:

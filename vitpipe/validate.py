@@ -9,7 +9,8 @@ the data had loaded, as a traceback that never named the key. Every check here r
   take is refused (the partial optimizer would otherwise fail only once training starts);
 - **ranges** that an annotation cannot say (``RANGES``: a learning rate > 0, batch sizes >= 1, ...);
 - **the optimizer and scheduler** are built once on a dummy parameter, so their own checks
-  (betas, eps, ...) run now.
+  (betas, eps, ...) run now;
+- **a wandb logger** can start: online it needs an API key (wandb.init would stop at fit's start).
 
 Only targets inside the libraries vitpipe builds from (``TRUSTED``) are looked up here; anything
 else is left to the loaders' own checks and to ``hydra.utils.instantiate``: a config, possibly read
@@ -19,6 +20,7 @@ from a checkpoint, never makes this module import a package.
 from __future__ import annotations
 
 import collections.abc
+import difflib
 import importlib
 import inspect
 import types
@@ -71,6 +73,7 @@ def check_values(cfg: DictConfig) -> None:
             if value is not _ABSENT and not holds(value):
                 raise ConfigError(f"{key}={value!r} {valid}")
         _dry_build_optimizer(cfg)
+        check_wandb_login(cfg)
     except MissingMandatoryValue as e:
         raise ConfigError(f"{e.full_key} must be set on the command line, e.g. {e.full_key}=<value>") from None
     except OmegaConfBaseException as e:  # a bad interpolation or a type OmegaConf refuses
@@ -114,7 +117,7 @@ def _check_arguments(node: DictConfig, key: str, target) -> None:
             continue
         if k not in hints:
             if not takes_any:
-                raise ConfigError(f"{key}.{k} is not an argument of {owner}; valid keys: {', '.join(hints)}")
+                raise ConfigError(f"{key}.{k} is not an argument of {owner}{did_you_mean(k, list(hints), f'{key}.')}")
             continue
         value = node[k]
         if isinstance(value, DictConfig) and "_target_" in value:
@@ -123,6 +126,14 @@ def _check_arguments(node: DictConfig, key: str, target) -> None:
             value = OmegaConf.to_container(value, resolve=True)
         if not _fits(value, hints[k]):
             raise ConfigError(f"{key}.{k}={value!r}: {owner} expects {k}: {_name(hints[k])}")
+
+
+def did_you_mean(name: str, valid: list[str], prefix: str = "", *, shown: int = 10) -> str:
+    """``"; did you mean <prefix><closest>? (valid: a, b, ... and N more)"``: the tail of an unknown-key
+    message, the closest valid name (difflib) first, then at most ``shown`` of them."""
+    close = difflib.get_close_matches(name, valid, n=1)
+    listed = ", ".join(valid[:shown]) + (f" and {len(valid) - shown} more" if len(valid) > shown else "")
+    return (f"; did you mean {prefix}{close[0]}?" if close else "") + f" (valid: {listed})"
 
 
 def _parameters(target) -> tuple[dict[str, Any], bool]:
@@ -213,6 +224,41 @@ def _dry_build_optimizer(cfg: DictConfig) -> None:
             hydra.utils.instantiate(sched)(optimizer, **steps)
         except Exception as e:  # noqa: BLE001
             raise ConfigError(f"module.scheduler: {_first_line(e)}") from None
+
+
+def check_wandb_login(cfg: DictConfig) -> None:
+    """ConfigError when a wandb logger would run online without credentials: wandb.init would fail
+    only once fit starts, in a 40-line traceback. Credentials are looked up as wandb.init does
+    (WANDB_API_KEY, ~/.netrc, wandb's settings files), without the network; offline and disabled
+    modes (``WANDB_MODE``, ``logger.wandb.offline=true``) need none."""
+    loggers = cfg.get("logger") or {}
+    online = [k for k, node in loggers.items() if isinstance(node, DictConfig)
+              and str(node.get("_target_")).endswith(".WandbLogger") and not node.get("offline")
+              and node.get("mode") not in ("offline", "dryrun", "disabled")]
+    if not online:
+        return
+    from wandb.sdk import wandb_setup  # what wandb.init reads: the environment and the settings files
+
+    settings = wandb_setup.singleton().settings
+    if settings.mode in ("offline", "dryrun", "disabled") or _wandb_credentials(settings):
+        return
+    raise ConfigError(f"logger.{online[0]}: no W&B API key found (WANDB_API_KEY, ~/.netrc); run `wandb login`, "
+                      "or set WANDB_MODE=offline to log offline (`wandb sync` uploads the run later)")
+
+
+def _wandb_credentials(settings) -> bool:
+    try:
+        from wandb.errors import AuthenticationError
+        from wandb.sdk.lib.wbauth import authenticate
+    except ImportError:  # an older wandb: its own lookup
+        from wandb.sdk.lib import apikey
+
+        return bool(apikey.api_key(settings=settings))
+    try:
+        return authenticate.authenticate_session(host=settings.base_url, source="vitpipe", prompt=False,
+                                                 update_session=False) is not None
+    except AuthenticationError as e:  # a key is there but malformed
+        raise ConfigError(f"logger=wandb: {e}") from None
 
 
 def _first_line(e: BaseException) -> str:
