@@ -17,6 +17,7 @@ from vitpipe.checkpoint import check_fits, load_checkpoint, resolve_ckpt_path
 from vitpipe.config import (
     apply_lr_scaling,
     check_config,
+    check_device,
     set_sweep_group,
     instantiate_callbacks,
     instantiate_loggers,
@@ -62,6 +63,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 def _train(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True)
     check_config(cfg)
+    check_device(cfg)
     announce_recipe(cfg)  # which conf/recipe/<model>_<data>.yaml this run merged, and what it set
     set_sweep_group(cfg)
     loggers = instantiate_loggers(cfg.get("logger"))

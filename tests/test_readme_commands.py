@@ -1,0 +1,287 @@
+"""Every command the README (and any docs page) shows runs as a user types it.
+
+From one fresh working directory per module (``scripts/`` linked, ``conf/`` copied, no logs/ or
+data/), through the real CLI in subprocesses, in the order a reader meets them. What may be added
+to a shown command is only what shortens it (``SHORT_TRAIN``, ``hydra.sweeper.n_trials=2``,
+``--steps 1``, ``num_images=16``), never a ``hydra.*`` path; placeholders (``<time>``, ``<ckpt>``,
+``/data/imagenet``) become the run or the tiny data the test made. A command that cannot run here
+(no GPU, no network, no SLURM) is checked to fail with its one-line message, exit status 2.
+
+``SPECS`` holds one entry per shown command; a command shown without an entry (or an entry no page
+shows any more) fails ``test_every_shown_command_has_a_spec``.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from readme_commands import shown_commands
+from user_shell import ROOT, SHORT_TRAIN, argv, run_dir_of, user_env
+
+FMNIST = Path("/usr/share/datasets/fashion-mnist")
+GPU_LINE = r"trainer\.accelerator=gpu needs a CUDA GPU and torch sees none here; use trainer=cpu"
+SLURM_LINE = r"hydra/launcher=slurm submits each job with SLURM's sbatch, which is not on PATH here"
+
+
+@dataclass(frozen=True)
+class Spec:
+    append: tuple[str, ...] = ()          # shortening only
+    fails: str | None = None              # regex of the one `vitpipe: error:` line (exit 2)
+    needs: tuple[str, ...] = ()           # shown commands that must have run first (in the same directory)
+    time_of: str | None = None            # the shown command whose run dir `logs/<task>/runs/<time>` means
+    skip: str | None = None               # why this shown command is not run by this test
+    quick: bool = False                   # in the default suite; the others are marked slow (.ci/run runs them)
+    own_dir: bool = False                 # in a working directory of its own, where only `needs` ran before
+    session: str = "reader"               # commands with the same session share one working directory
+    needs_fmnist: bool = False
+    expect: tuple[str, ...] = field(default=())   # substrings its stdout must hold
+    files: tuple[str, ...] = field(default=())    # paths (relative to the working dir) it must leave
+
+
+TRAIN = "python scripts/train.py"
+DEFAULT = TRAIN
+PNGS = ("python -c \"from sklearn.datasets import load_digits; from PIL import Image; import os; "
+        "os.makedirs('digits_png', exist_ok=True); d = load_digits(); [Image.fromarray((d.images[-1-i] * 255 / 16)"
+        ".astype('uint8')).resize((64, 64)).save(f'digits_png/{i:02d}_true{d.target[-1-i]}.png') for i in range(12)]\"")
+CAPTION = f"{TRAIN} experiment=caption_shapes"
+FMNIST_RUN = f"{TRAIN} experiment=fmnist_vit"
+FMNIST_REG4 = f"{TRAIN} experiment=fmnist_vit model.reg_tokens=4"
+TEACHER = f"{TRAIN} experiment=fmnist_teacher"
+SOURCE = f"{TRAIN} experiment=transfer_source"
+S = tuple(SHORT_TRAIN)
+SB = (*S, "data.batch_size=8", "data.eval_batch_size=8")   # 2 batches of a big model: small ones
+HEADLINE_FAILS = (r"model: could not fetch timm weights 'vit_base_patch16_224\.augreg_in21k'")
+
+SPECS: dict[str, Spec] = {
+    'pip install -e ".[dev]"': Spec(skip="the install step: .ci/run runs it in a fresh venv"),
+    "python -m pytest -q": Spec(skip="the test command itself: .ci/run runs it"),
+    "python -m pytest -q -m slow": Spec(skip="a test command: .ci/run runs the slow README commands"),
+    "python -m pytest -q -m slow tests/test_benchmark.py": Spec(skip="a test command (27 min of training)"),
+    "python -m pytest -q -m slow tests/test_readme_commands.py": Spec(skip="the test command of this file: .ci/run runs it"),
+    "aws s3 sync /data/imagenet-shards s3://bucket/imagenet-shards": Spec(skip="the AWS CLI, not a vitpipe command"),
+    DEFAULT: Spec(append=S, quick=True, expect=("== vitpipe train: vit_nano on DigitsDataModule ==", "test/acc")),
+    f"{TRAIN} model=vit_b16 data=cifar10": Spec(fails=HEADLINE_FAILS),
+    f"{TRAIN} model=vit_s4 data=fashion_mnist": Spec(append=SB, needs_fmnist=True, expect=("FashionMNISTDataModule",)),
+    f"{TRAIN} model.pos_embed=sincos2d model.depth=6": Spec(append=S),
+    f"{TRAIN} -m model.pos_embed=learned,sincos2d,learned2d": Spec(append=S, quick=True, expect=("sweep summary of 3 job(s)",)),
+    CAPTION: Spec(append=S),
+    f"{TRAIN} ckpt_path=last": Spec(append=S, needs=(DEFAULT,), own_dir=True, quick=True,
+                                    expect=("ckpt_path=last -> run", "resuming from")),
+    "python scripts/eval.py ckpt_path=logs/train/runs/<time>": Spec(
+        append=("++trainer.limit_test_batches=2",), needs=(DEFAULT,), time_of=DEFAULT, expect=("test/acc",)),
+    f"{TRAIN} model.num_classes=7": Spec(quick=True),   # the README shows its line
+    f"{TRAIN} data.batch_size=abc": Spec(quick=True),
+    f"{TRAIN} trainer.max_epoch=3": Spec(quick=True),
+    f"{TRAIN} trainer.max_epoch=3": Spec(quick=True),
+    SOURCE: Spec(append=SB, needs_fmnist=True, files=("logs/transfer_source/checkpoints/last.ckpt",)),
+    f"{TRAIN} -m experiment=transfer_target seed=0,1,2 model.pretrained=null": Spec(
+        append=S, needs_fmnist=True, expect=("sweep summary of 3 job(s)",)),
+    f"{TRAIN} -m experiment=transfer_target seed=0,1,2 module.finetune=linear_probe module.optimizer.lr=1e-2": Spec(
+        append=S, needs=(SOURCE,), needs_fmnist=True, expect=("sweep summary of 3 job(s)",)),
+    f"{TRAIN} -m experiment=transfer_target seed=0,1,2": Spec(
+        append=S, needs=(SOURCE,), needs_fmnist=True, expect=("sweep summary of 3 job(s)",)),
+    f"{TRAIN} -m experiment=transfer_target seed=0,1,2 module.layer_decay=0.65": Spec(
+        append=S, needs=(SOURCE,), needs_fmnist=True, expect=("sweep summary of 3 job(s)",)),
+    "python scripts/eval.py ckpt_path=<run_dir_or_ckpt_or_last> split=test calibrate=true": Spec(
+        needs=(DEFAULT,), expect=("test/acc",)),
+    "python scripts/predict.py ckpt_path=<ckpt | run dir | last> images=<folder | file | 'glob/*.jpg'> out=preds.csv "
+    "topk=5": Spec(needs=(DEFAULT, PNGS), session="e2e", files=("preds.csv",)),
+    "python scripts/export.py ckpt_path=<...> format=timm out=my_vit": Spec(needs=(DEFAULT,), session="e2e", files=("my_vit/config.json",)),
+    "python scripts/export.py ckpt_path=<...> format=onnx out=my_vit.onnx": Spec(needs=(DEFAULT,), session="e2e", files=("my_vit.onnx",)),
+    "python scripts/export.py ckpt_path=<...> format=timm out=my_vit overwrite=true push_to_hub=<user>/<repo>": Spec(
+        needs=(DEFAULT, "python scripts/export.py ckpt_path=<...> format=timm out=my_vit"), session="e2e", fails=r"push_to_hub=someone/my-vit.*(failed|offline|nothing was uploaded)"),
+    PNGS: Spec(files=("digits_png/00_true8.png",)),
+    "python scripts/predict.py ckpt_path=last images=digits_png out=preds.csv topk=3": Spec(
+        needs=(DEFAULT, PNGS), session="e2e", files=("preds.csv",)),
+    "python scripts/export.py ckpt_path=last format=timm out=vit_nano_digits": Spec(
+        needs=(DEFAULT,), session="e2e", files=("vit_nano_digits/model.safetensors",)),
+    "python scripts/export.py ckpt_path=last format=onnx out=vit_nano_digits.onnx": Spec(
+        needs=(DEFAULT,), session="e2e", files=("vit_nano_digits.onnx",)),
+    f"{TRAIN} model=vit_s4 data=cifar10 trainer=gpu": Spec(fails=GPU_LINE, quick=True),
+    f"{TRAIN} trainer=ddp trainer.devices=4 data.batch_size=128 lr_scaling.rule=linear": Spec(fails=GPU_LINE),
+    f"{TRAIN} model=vit_h14 trainer=fsdp": Spec(fails=GPU_LINE),
+    f"{TRAIN} compile=true model.grad_checkpointing=true": Spec(append=SB),
+    f"{TRAIN} trainer=ddp_cpu trainer.devices=2": Spec(append=S),
+    f"{TRAIN} -m hydra/launcher=slurm trainer=ddp trainer.devices=4 trainer.num_nodes=2 hydra.launcher.partition=gpu "
+    "hydra.launcher.timeout_min=720 model=vit_b16 data=cifar10": Spec(fails=SLURM_LINE, quick=True),
+    "torchrun --nnodes=2 --nproc_per_node=4 --node_rank=$NODE_RANK --master_addr=$MASTER --master_port=29500 "
+    "scripts/train.py trainer=ddp trainer.devices=4 trainer.num_nodes=2 hydra.run.dir=/shared/runs/exp1": Spec(
+        fails=GPU_LINE),
+    "python scripts/make_shards.py data=imagefolder data.root=/data/imagenet out=/data/imagenet-shards "
+    "shard_size=64MB": Spec(files=("imagenet-shards/vitpipe_shards.json",)),
+    f"{TRAIN} -m hydra/launcher=slurm trainer=ddp trainer.devices=4 trainer.num_nodes=2 hydra.launcher.partition=gpu "
+    "model=vit_b16 data=shards data.root=s3://bucket/imagenet-shards data.cache_dir=/local/scratch/shards": Spec(
+        fails=SLURM_LINE),
+    f"{TRAIN} -m model.pos_embed=learned,sincos2d,learned2d data=digits": Spec(
+        append=S, expect=("sweep summary of 3 job(s)",)),
+    f"{TRAIN} -m hparams_search=optuna hydra.sweeper.n_trials=30": Spec(
+        append=(*S, "hydra.sweeper.n_trials=2"), expect=("sweep summary of 2 job(s)",)),
+    f"{CAPTION} model.decoder=prefix": Spec(append=S),
+    "python scripts/eval.py ckpt_path=<caption ckpt>": Spec(
+        append=("++trainer.limit_test_batches=2",), needs=(CAPTION,), expect=("test/bleu4",)),
+    "python scripts/visualize_attention.py ckpt_path=logs/train/runs/<time> images=test method=rollout out=figs": Spec(
+        needs=(DEFAULT,), time_of=DEFAULT, append=("num_images=8",), files=("figs/rollout_grid.png",)),
+    "python scripts/visualize_attention.py ckpt_path=<ckpt> images=path/to/images method=all out=figs": Spec(
+        needs=(DEFAULT, PNGS), files=("figs/rollout_grid.png",)),
+    FMNIST_RUN: Spec(append=SB, needs_fmnist=True),
+    "python scripts/visualize_attention.py ckpt_path=logs/fmnist_vit/runs/<time> images=test num_images=8 "
+    "method=rollout side_by_side=true per_image=false out=notebooks/figures/fmnist_rollout": Spec(
+        needs=(FMNIST_RUN,), time_of=FMNIST_RUN, needs_fmnist=True,
+        files=("notebooks/figures/fmnist_rollout/rollout_grid.png",)),
+    "python scripts/visualize_attention.py ckpt_path=<ckpt> images=test num_images=200 method=rollout "
+    "faithfulness=true per_image=false out=figs": Spec(needs=(DEFAULT,), append=("num_images=16",)),
+    "python -m vitpipe.viz.pointing --seeds 0 1 2 3 4 5 6 7 --registers 0 4": Spec(
+        append=("--seeds", "0", "--registers", "0", "--steps", "20")),
+    FMNIST_REG4: Spec(append=SB, needs_fmnist=True),
+    "python scripts/visualize_attention.py ckpt_path=logs/fmnist_vit/runs/<time> images=test num_images=8 "
+    "method=rollout side_by_side=true per_image=false out=notebooks/figures/fmnist_rollout_reg4": Spec(
+        needs=(FMNIST_REG4,), time_of=FMNIST_REG4, needs_fmnist=True,
+        files=("notebooks/figures/fmnist_rollout_reg4/rollout_grid.png",)),
+    "python scripts/benchmark.py --variant vit_ti4 --img-size 32 --batch-size 64 --steps 10 --warmup 3 --repeats 5 "
+    "--only vit,lightning,data": Spec(append=("--steps", "1", "--warmup", "1", "--repeats", "1")),
+    "python scripts/eval.py ckpt_path=logs/fmnist_vit/runs/<time> tta=hflip": Spec(
+        append=("++trainer.limit_test_batches=2",), needs=(FMNIST_RUN,), time_of=FMNIST_RUN, needs_fmnist=True,
+        expect=("test/acc",)),
+    TEACHER: Spec(append=SB, needs_fmnist=True),
+    "python scripts/make_teacher.py logs/fmnist_teacher/runs/<time> conf/teachers/fmnist_resnet10t.safetensors": Spec(
+        needs=(TEACHER,), time_of=TEACHER, needs_fmnist=True,
+        files=("conf/teachers/fmnist_resnet10t.safetensors",)),
+}
+
+SHOWN = shown_commands()
+SHOWN_SPECS = list(dict.fromkeys(s.command for s in SHOWN if s.command in SPECS))
+
+
+def test_every_shown_command_has_a_spec():
+    missing = [f"{s.page}:{s.line}: {s.command}" for s in SHOWN if s.command not in SPECS]
+    assert not missing, "shown commands without an entry in SPECS:\n" + "\n".join(missing)
+    shown = {s.command for s in SHOWN}
+    stale = [c for c in SPECS if c not in shown]
+    assert not stale, "SPECS entries no page shows:\n" + "\n".join(stale)
+    assert len(SHOWN_SPECS) >= 40
+
+
+class Session:
+    """One reader's working directory, and what their commands printed so far."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.results: dict[str, subprocess.CompletedProcess] = {}
+        (home / "scripts").symlink_to(ROOT / "scripts", target_is_directory=True)
+        shutil.copytree(ROOT / "conf", home / "conf")  # a copy: make_teacher writes into conf/teachers/
+        self.env = user_env(HF_HOME=str(home / ".hf"), XDG_CACHE_HOME=str(home / ".cache"), NODE_RANK="0",
+                            MASTER="127.0.0.1")
+        _tiny_imagenet(home / "imagenet")
+
+    def text(self, command: str, spec: Spec) -> str:
+        text = command
+        if spec.time_of:
+            run = run_dir_of(self.results[spec.time_of].stdout).relative_to(self.home)
+            text = re.sub(r"logs/\w+/runs/<time>", str(run), text)
+        if "<caption ckpt>" in text:
+            text = text.replace("<caption ckpt>", str(run_dir_of(self.results[CAPTION].stdout)))
+        for old, new in (("<run_dir_or_ckpt_or_last>", "last"), ("<ckpt | run dir | last>", "last"),
+                         ("<...>", "last"), ("<ckpt>", "last"), ("<folder | file | 'glob/*.jpg'>", "digits_png"),
+                         ("path/to/images", "digits_png"), ("<user>/<repo>", "someone/my-vit"),
+                         ("/data/imagenet-shards", "imagenet-shards"), ("/data/imagenet", "imagenet"),
+                         ("/local/scratch/shards", "scratch"), ("/shared/runs/exp1", str(self.home / "runs/exp1")),
+                         ("$NODE_RANK", "0"), ("$MASTER", "127.0.0.1")):
+            text = text.replace(old, new)
+        assert text.startswith("python -c") or not re.search(r"<[^>]*>", text), f"placeholder left in {text}"
+        return text
+
+    def run(self, command: str) -> subprocess.CompletedProcess:
+        if command in self.results:
+            return self.results[command]
+        spec = SPECS[command]
+        for need in spec.needs:
+            got = self.run(need)
+            assert got.returncode == 0, f"{need} (needed by {command}) failed:\n{got.stderr[-3000:]}"
+        args = argv(self.text(command, spec)) + list(spec.append)
+        started = time.monotonic()
+        if command.startswith("torchrun"):  # two node groups on this machine, as the README's two nodes
+            procs = [subprocess.Popen([*args[:3], *[a.replace("--node_rank=0", f"--node_rank={rank}") for a in args[3:]]],
+                                      cwd=self.home, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True) for rank in (0, 1)]
+            outs = [p.communicate(timeout=600) for p in procs]
+            result = subprocess.CompletedProcess(args, procs[0].returncode, outs[0][0], outs[0][1])
+        else:
+            result = subprocess.run(args, cwd=self.home, env=self.env, capture_output=True, text=True, timeout=900)
+        result.seconds = time.monotonic() - started
+        self.results[command] = result
+        return result
+
+
+def _tiny_imagenet(root: Path, classes: int = 1000) -> None:
+    """The ImageNet layout (train/<class>/, val/<class>/) with one 8x8 JPEG per class and split."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for c in range(classes):
+            folder = root / split / f"n{c:08d}"
+            folder.mkdir(parents=True)
+            Image.new("RGB", (8, 8), ((c * 37) % 256, (c * 11) % 256, c % 256)).save(folder / "0.JPEG")
+
+
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory):
+    made: dict[str, Session] = {}
+
+    def get(spec: Spec) -> Session:
+        if spec.own_dir:
+            return Session(tmp_path_factory.mktemp("own"))
+        if spec.session not in made:
+            made[spec.session] = Session(tmp_path_factory.mktemp(spec.session))
+        return made[spec.session]
+
+    return get
+
+
+def _one_line(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.startswith("vitpipe: error:")]
+
+
+@pytest.mark.parametrize("command", [pytest.param(c, marks=[pytest.mark.slow] if not SPECS[c].quick else [],
+                                                  id=re.sub(r"\W+", "_", c)[:90]) for c in SHOWN_SPECS])
+def test_shown_command_runs_as_typed(sessions, command):
+    spec = SPECS[command]
+    session = sessions(spec)
+    if spec.skip:
+        pytest.skip(spec.skip)
+    if spec.needs_fmnist and not FMNIST.is_dir():
+        pytest.skip(f"Fashion-MNIST is not installed ({FMNIST}: apt-get install dataset-fashion-mnist)")
+    if (spec.fails in (GPU_LINE,) and torch.cuda.is_available()) or (spec.fails == SLURM_LINE and shutil.which("sbatch")):
+        pytest.skip("this machine can run it: the gpu and slurm suites do")
+    shown_output = next((s.output for s in SHOWN if s.command == command and s.output), None)
+    result = session.run(command)
+    if spec.fails or shown_output:
+        errors = _one_line(result.stderr)
+        # torchrun reports its workers' failure as its own exit status 1
+        assert result.returncode == (1 if command.startswith("torchrun") else 2), result.stderr[-3000:]
+        if command.startswith("torchrun"):  # each rank stops with the same line; torchrun then reports them
+            errors = sorted(set(errors))
+        assert len(errors) == 1, result.stderr[-3000:]
+        if shown_output:
+            assert errors[0] == shown_output
+        else:
+            assert re.search(spec.fails, errors[0]), errors[0]
+        assert len(errors[0]) < 600
+        return
+    assert result.returncode == 0, f"rc {result.returncode}:\n{result.stdout[-1500:]}\n{result.stderr[-4000:]}"
+    for text in spec.expect:
+        assert text in result.stdout, f"{text!r} not in:\n{result.stdout[-3000:]}"
+    for path in spec.files:
+        assert (session.home / path).is_file(), f"{path} missing after {command}"
+    if "sweep summary of" in " ".join(spec.expect):
+        summary = re.search(r"sweep summary of (\d+) job\(s\) in (\S+)summary\.md", result.stdout)
+        rows = list(csv.DictReader((Path(summary.group(2)) / "summary.csv").open()))
+        assert len(rows) == int(summary.group(1)) and all(r["status"] == "done" for r in rows), rows
