@@ -154,7 +154,8 @@ def test_weights_of_other_shapes_name_the_first_mismatches_in_a_short_line(tmp_p
     assert len(line) < 300, (len(line), line)
     model = vitpipe.create_model("vit_nano", num_classes=10, in_chans=1, dim=32, depth=1, num_heads=2)
     first = next(iter(model.state_dict()))  # cls_token: the model's first weight, 64 wide in the file
-    assert f"'{file.name}' do not fit: 17 shape mismatches (file vs model): {first} (1,1,64) vs (1,1,32), " in line, line
+    assert f"'{file.name}' do not fit this model: 17 shape mismatches (file vs model): {first} (1,1,64) vs (1,1,32), " \
+        in line, line
     assert "and 14 more; 36 unexpected keys; " in line, line
 
 

@@ -131,7 +131,7 @@ def _check_arguments(node: DictConfig, key: str, target) -> None:
 def did_you_mean(name: str, valid: list[str], prefix: str = "", *, shown: int = 10) -> str:
     """``"; did you mean <prefix><closest>? (valid: a, b, ... and N more)"``: the tail of an unknown-key
     message, the closest valid name (difflib) first, then at most ``shown`` of them."""
-    close = difflib.get_close_matches(name, valid, n=1)
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.7)  # 0.6 offers vit_s4 for vit_x99
     listed = ", ".join(valid[:shown]) + (f" and {len(valid) - shown} more" if len(valid) > shown else "")
     return (f"; did you mean {prefix}{close[0]}?" if close else "") + f" (valid: {listed})"
 

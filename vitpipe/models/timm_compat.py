@@ -267,7 +267,7 @@ def load_pretrained(model: ViT, source: str | Path, *, head: bool = True) -> ViT
     if bad or missing or unexpected:
         name = Path(src).name if Path(src).is_file() else src  # the user named it: the name says which
         what = mismatch_summary(bad, missing, unexpected, "file", keys=0 if bad else 3)
-        raise ConfigError(f"weights {name!r} do not fit: {what}; use the model variant they were trained with")
+        raise ConfigError(f"weights {name!r} do not fit this model: {what}; use their model variant")
     return model
 
 
