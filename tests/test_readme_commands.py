@@ -81,7 +81,6 @@ SPECS: dict[str, Spec] = {
     f"{TRAIN} model.num_classes=7": Spec(quick=True),   # the README shows its line
     f"{TRAIN} data.batch_size=abc": Spec(quick=True),
     f"{TRAIN} trainer.max_epoch=3": Spec(quick=True),
-    f"{TRAIN} trainer.max_epoch=3": Spec(quick=True),
     SOURCE: Spec(append=SB, needs_fmnist=True, files=("logs/transfer_source/checkpoints/last.ckpt",)),
     f"{TRAIN} -m experiment=transfer_target seed=0,1,2 model.pretrained=null": Spec(
         append=S, needs_fmnist=True, expect=("sweep summary of 3 job(s)",)),
