@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from vitpipe.errors import ConfigError
-from vitpipe.lit.checkpointing import remove_stale_temp_files, temp_dir_beside
+from vitpipe.lit.checkpointing import fsync_path, remove_stale_temp_files, temp_dir_beside
 
 
 def not_empty_error(out: Path) -> ConfigError | None:
@@ -50,11 +50,11 @@ def staged_folder(out: Path, *, overwrite: bool) -> Iterator[Path]:
     try:
         yield tmp
         for p in tmp.iterdir():  # after a power cut the renamed folder holds whole files
-            _fsync(p)
+            fsync_path(p)
         _publish(tmp, out, overwrite=overwrite)
     finally:
         _remove(tmp)  # the failed stage, or (after a swap) the old folder
-    _fsync(out.parent)
+    fsync_path(out.parent)
 
 
 def _publish(tmp: Path, out: Path, *, overwrite: bool) -> None:
@@ -98,16 +98,3 @@ def _remove(path: Path) -> None:
         path.unlink()
     elif path.exists():
         shutil.rmtree(path)
-
-
-def _fsync(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some file systems refuse fsync on folders; the rename is still atomic
-    finally:
-        os.close(fd)

@@ -105,13 +105,14 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
         if full is not None:
             raise DiskFullError(full.errno, path) from e
         raise
-    _fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename durable: after a power cut the directory entry points at the new file."""
+def fsync_path(path: Path) -> None:
+    """fsync a file, or a directory to make a rename durable: after a power cut the directory entry
+    points at the new file."""
     try:
-        fd = os.open(directory, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
     try:
