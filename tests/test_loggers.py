@@ -109,3 +109,15 @@ def test_train_tells_the_loggers_whether_it_failed(cfg_factory, monkeypatch, fai
     else:
         train(cfg)
     assert statuses == ["failed" if fails else "success"]
+
+
+def test_the_login_check_leaves_wandbs_settings_to_wandb_init(cfg_factory, monkeypatch):
+    """The check must not create wandb's process singleton: it freezes the environment of that
+    moment, and a later wandb.init (WANDB_MODE=offline after a disabled check) would not log."""
+    wandb_setup = pytest.importorskip("wandb.sdk.wandb_setup")
+    from vitpipe.validate import check_wandb_login
+
+    monkeypatch.setattr(wandb_setup, "_singleton", None)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    check_wandb_login(cfg_factory("debug=fast", "logger=[csv,wandb]"))
+    assert wandb_setup._singleton is None

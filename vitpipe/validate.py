@@ -19,6 +19,8 @@ from a checkpoint, never makes this module import a package.
 
 from __future__ import annotations
 
+import os
+
 import collections.abc
 import difflib
 import importlib
@@ -239,7 +241,11 @@ def check_wandb_login(cfg: DictConfig) -> None:
         return
     from wandb.sdk import wandb_setup  # what wandb.init reads: the environment and the settings files
 
-    settings = wandb_setup.singleton().settings
+    # A look that leaves no trace: wandb.setup's singleton would freeze the environment of this moment
+    # (WANDB_MODE included) for every later wandb.init of the process
+    current = wandb_setup._singleton
+    look = current if current is not None and current._pid == os.getpid() else wandb_setup._WandbSetup(pid=os.getpid())
+    settings = look.settings
     if settings.mode in ("offline", "dryrun", "disabled") or _wandb_credentials(settings):
         return
     raise ConfigError(f"logger.{online[0]}: no W&B API key found (WANDB_API_KEY, ~/.netrc); run `wandb login`, "
