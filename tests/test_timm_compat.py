@@ -39,7 +39,7 @@ def test_logits_equal_timm(name):
     with torch.no_grad():
         diff = (m(x) - tm(x)).abs().max().item()
     print(f"timm parity {name}: max abs diff {diff:.3g}")
-    assert diff < 1e-4
+    assert diff <= 1e-5
 
 
 def test_timm_attention_maps_equal_ours():
@@ -131,3 +131,76 @@ def test_timm_name_offline_gives_clear_error(monkeypatch):
         load_pretrained(m, "vit_tiny_patch16_224")
     with pytest.raises(ConfigError, match="neither an existing weights file nor a timm model name"):
         load_pretrained(m, "not_a_model_name")
+
+
+# qk_norm where its LayerNorm eps shows: the q and k rows of every qkv projection shrunk so that q and k
+# vary by ~1e-5 per head, the size of eps itself (eps 1e-5 instead of timm's 1e-6 moves these logits by ~1e-3)
+QK_NORM = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=5, qk_norm=True)
+
+
+def _shrink_qk(model, scale=0.01):
+    """Scale the q and k rows of each block's fused qkv (the same layout in timm and vitpipe) by ``scale``."""
+    with torch.no_grad():
+        for blk in model.blocks:
+            dim = blk.attn.qkv.in_features
+            blk.attn.qkv.weight[: 2 * dim] *= scale
+            blk.attn.qkv.bias[: 2 * dim] *= scale
+    return model
+
+
+def _max_logit_diff(a, b, x):
+    with torch.no_grad():
+        return (a(x) - b(x)).abs().max().item()
+
+
+def _with_qk_eps(model, eps):
+    """A copy of a vitpipe ViT whose qk LayerNorms use ``eps`` (what a model built with another eps computes)."""
+    import copy
+
+    other = copy.deepcopy(model)
+    for blk in other.blocks:
+        blk.attn.q_norm.eps = blk.attn.k_norm.eps = eps
+    return other
+
+
+def test_qk_norm_from_timm_is_exact_where_eps_matters():
+    tm = _shrink_qk(_random_timm(QK_NORM))
+    m = from_timm(tm).eval()
+    x = torch.randn(4, 3, 16, 16)
+    blk = tm.blocks[0]
+    q = blk.attn.qkv(blk.norm1(tm._pos_embed(tm.patch_embed(x))))[..., :16]  # head 0's queries
+    assert q.var(-1).mean() < 1e-4  # eps (1e-6) is not negligible next to the variance being normalised
+    diff = _max_logit_diff(m, tm, x)
+    print(f"qk_norm from_timm: max abs logit diff {diff:.3g}")
+    assert diff <= 1e-5
+    assert _max_logit_diff(_with_qk_eps(m, 1e-5), tm, x) > 1e-4  # the test sees an eps of 1e-5
+
+
+def test_qk_norm_to_timm_is_exact_and_exports(tmp_path):
+    import timm
+
+    from vitpipe.export.timm_format import TIMM_TOLERANCE, save_timm
+    from vitpipe.models.timm_compat import to_timm
+    from vitpipe.preprocess import InputSpec
+
+    m = from_timm(_shrink_qk(_random_timm(QK_NORM))).eval()
+    x = torch.randn(4, 3, 16, 16)
+    tm = to_timm(m).eval()
+    assert tm.blocks[0].attn.q_norm.eps == m.blocks[0].attn.q_norm.eps == 1e-6
+    assert _max_logit_diff(tm, m, x) <= 1e-5
+    assert _max_logit_diff(tm, _with_qk_eps(m, 1e-5), x) > 1e-4  # timm's eps, not a copy of ours
+    # format=timm: the folder timm loads back through local-dir gives the network's logits
+    spec = InputSpec(mode="RGB", img_size=(16, 16), in_chans=3, mean=(0.5,) * 3, std=(0.5,) * 3, crop_mode="squash",
+                     crop_pct=1.0, interpolation="bilinear")
+    assert save_timm(m, spec, tmp_path / "vit") <= TIMM_TOLERANCE
+    loaded = timm.create_model(f"local-dir:{tmp_path / 'vit'}", pretrained=True).eval()
+    assert loaded.blocks[0].attn.q_norm.eps == 1e-6
+    assert _max_logit_diff(loaded, m, x) <= 1e-5
+
+
+def test_from_timm_refuses_another_layer_norm_eps():
+    from functools import partial
+
+    tm = VisionTransformer(**QK_NORM, norm_layer=partial(torch.nn.LayerNorm, eps=1e-5))
+    with pytest.raises(ValueError, match=r"LayerNorm eps 1e-05 \(vitpipe's is 1e-6\)"):
+        from_timm(tm)

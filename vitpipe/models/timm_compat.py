@@ -36,8 +36,10 @@ def vit_kwargs_from_timm(tm: nn.Module) -> dict:
     vitpipe does not have (attention pooling, pre-norm, ...)."""
     from timm.layers import LayerScale
 
+    eps = sorted({m.eps for m in tm.modules() if isinstance(m, nn.LayerNorm)} - {1e-6})  # vitpipe's norms: 1e-6
     unsupported = [
         name for name, on in [
+            (f"LayerNorm eps {', '.join(map(str, eps))} (vitpipe's is 1e-6)", bool(eps)),
             ("global_pool=" + repr(tm.global_pool), tm.global_pool not in ("token", "avg")),
             ("pre_norm", not isinstance(tm.norm_pre, nn.Identity)),
             ("final_norm=False", tm.global_pool == "token" and isinstance(tm.norm, nn.Identity)),
@@ -116,8 +118,6 @@ def timm_kwargs(model: ViT) -> dict:
             parts.append("the conv stem (stem=conv)")
         if getattr(model, "dist_token", None) is not None:
             parts.append("the distillation token (dist_token=true)")
-        if not isinstance(model.blocks[0].attn.q_norm, nn.Identity):
-            parts.append("qk_norm (its LayerNorm eps is 1e-5; timm's is 1e-6)")
     if parts:
         raise ConfigError(f"timm's VisionTransformer cannot express {', '.join(parts)}; export with format=onnx")
     blk = model.blocks[0]
@@ -126,6 +126,7 @@ def timm_kwargs(model: ViT) -> dict:
         img_size=tuple(model.img_size), patch_size=tuple(model.patch_size), in_chans=model.in_chans,
         num_classes=model.num_classes, embed_dim=model.dim, depth=len(model.blocks), num_heads=blk.attn.num_heads,
         mlp_ratio=blk.mlp.fc1.out_features / model.dim, qkv_bias=blk.attn.qkv.bias is not None,
+        qk_norm=not isinstance(blk.attn.q_norm, nn.Identity),  # timm's LayerNorm, eps 1e-6 as vitpipe's
         init_values=1.0 if isinstance(blk.ls1, LayerScale) else None,  # the scales themselves are loaded
         class_token=model.class_token, reg_tokens=model.num_prefix_tokens - int(model.class_token),
         global_pool="token" if model.pool == "cls" else "avg",

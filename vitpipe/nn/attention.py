@@ -67,7 +67,8 @@ class MultiHeadAttention(nn.Module):
         context_dim: ``None`` for self-attention (fused ``qkv``); the context's width for
             cross-attention (``q`` and ``kv`` projections), also when it equals ``dim``.
         qk_norm: LayerNorm on queries and keys per head (Dehghani et al. 2023, ViT-22B), which
-            keeps attention logits bounded at scale.
+            keeps attention logits bounded at scale; eps 1e-6, timm's, so timm conversion is exact
+            both ways (the eps is not in the weights: a model trained with another eps loads anyway).
     """
 
     def __init__(
@@ -95,8 +96,8 @@ class MultiHeadAttention(nn.Module):
             self.kv = nn.Linear(context_dim, 2 * dim, bias=qkv_bias)
         else:
             self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.q_norm = nn.LayerNorm(self.head_dim, eps=1e-6) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6) if qk_norm else nn.Identity()
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
