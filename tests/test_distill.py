@@ -61,6 +61,21 @@ def test_teacher_equal_to_the_student_gives_a_zero_soft_term(batch):
     assert torch.allclose(distill_term(s, t, type="soft", tau=2.0), kl, atol=1e-5) and kl > 0.01
 
 
+def test_soft_term_is_kl_of_the_student_from_the_teacher_not_the_reverse():
+    """KL(p_t || p_s), the teacher's distribution as the target (Hinton et al.; DeiT's F.kl_div(student, teacher)).
+    Teacher (0.9, 0.1) at tau=2, student uniform: KL(p_t || p_s) = 0.9 ln 1.8 + 0.1 ln 0.2 = 0.36806, the
+    reverse KL(p_s || p_t) = 0.5 ln(5/9) + 0.5 ln 5 = 0.51083; times tau^2 = 4."""
+    import math
+
+    teacher = torch.tensor([[2 * math.log(9.0), 0.0]])  # softmax(teacher / 2) = (0.9, 0.1)
+    student = torch.zeros(1, 2)
+    forward = 0.9 * math.log(1.8) + 0.1 * math.log(0.2)
+    reverse = 0.5 * math.log(5 / 9) + 0.5 * math.log(5.0)
+    assert abs(forward - reverse) > 0.1  # the example tells the two directions apart
+    got = distill_term(student, teacher, type="soft", tau=2.0).item()
+    assert abs(got - 4 * forward) < 1e-5, (got, 4 * forward, 4 * reverse)
+
+
 def test_hard_distillation_uses_the_teachers_argmax(batch):
     s, t = torch.randn(16, 10), torch.randn(16, 10)
     assert torch.allclose(distill_term(s, t, type="hard"), F.cross_entropy(s, t.argmax(1)))
