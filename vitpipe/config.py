@@ -18,11 +18,15 @@ log = logging.getLogger(__name__)
 
 
 def auto_precision() -> str:
-    """32-bit on CPU (bf16 there is emulated and ~20x slower); bf16-mixed on GPUs that support it
-    (Ampere and newer); 16-mixed with loss scaling on older GPUs."""
+    """32-bit on CPU (bf16 there is emulated and ~20x slower); bf16-mixed on GPUs with native bf16
+    (compute capability 8.0 and up: Ampere and newer); 16-mixed with loss scaling on older GPUs.
+
+    Decided by the compute capability, not ``torch.cuda.is_bf16_supported()``: with its default
+    ``including_emulation=True`` that is also true on a V100 or T4, where bf16 is emulated and
+    several times slower than fp16."""
     if not torch.cuda.is_available():
         return "32-true"
-    return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    return "bf16-mixed" if torch.cuda.get_device_capability() >= (8, 0) else "16-mixed"
 
 
 if not OmegaConf.has_resolver("auto_precision"):
