@@ -335,7 +335,7 @@ def test_balanced_loss_and_sampler_raise_minority_recall_on_10_to_1_data(tmp_pat
     for name, extra in (("plain", []), ("weights", ["module.class_weights=balanced"]),
                         ("sampler", ["data.sampler=balanced"])):
         cfg = make_cfg(tmp_path / name, [
-            "debug=fast", "logger=none", "data=imagefolder", f"data.root={data}", "data.num_classes=2",
+            "debug=fast", "logger=none", "seed=0", "data=imagefolder", f"data.root={data}", "data.num_classes=2",
             "data.num_workers=0", "data.augment=false", "data.batch_size=32", "model.patch_size=4",
             "trainer.max_epochs=10", "trainer.limit_train_batches=null", "trainer.limit_val_batches=null",
             "trainer.limit_test_batches=null", "callbacks.progress_bar.refresh_rate=1000", *extra])
@@ -343,7 +343,8 @@ def test_balanced_loss_and_sampler_raise_minority_recall_on_10_to_1_data(tmp_pat
         rows = {r["name"]: r for r in _csv(Path(cfg.paths.output_dir) / "report" / "per_class.csv")}
         assert int(rows["minor"]["support"]) == int(rows["major"]["support"]) == 100
         recall[name] = float(rows["minor"]["recall"])
-    print(f"minority-class recall: {recall}")  # seed 42: plain 0.53, weights 0.89, sampler 0.84 (seeds 1, 2 alike)
+    # the README's run, seed 0: plain 0.39, weights 0.94, sampler 0.81 (seed 1: 0.68/0.86/0.85, 2: 0.40/0.80/0.90)
+    print(f"minority-class recall: {recall}")
     assert recall["weights"] >= recall["plain"] + 0.1
     assert recall["sampler"] >= recall["plain"] + 0.1
 
