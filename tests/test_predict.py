@@ -125,11 +125,15 @@ def test_mixed_modes_and_sizes_corrupt_file_skipped(ckpts, tmp_path, capsys):
 
 
 def test_cli_folder_glob_tta_and_temperature(ckpts, tmp_path):
-    """The script end to end (a subprocess): a glob, tta=hflip, a calibration.json beside the checkpoint;
-    the summary counts the skipped file; probabilities equal the tempered, mirror-averaged softmax."""
+    """The script end to end (a subprocess): a glob, tta=hflip, a calibration.json beside the checkpoint
+    fitted on it with tta=hflip; the summary counts the skipped file; probabilities are eval's composition:
+    the mirror-averaged softmax, its log divided by the temperature, softmax again
+    (tests/test_calibration_match.py: the temperature of another checkpoint or TTA is not applied)."""
+    from vitpipe.report.calibration import checkpoint_identity, write_calibration
+
     path = ckpts("learned")
     contents = mixed_folder(tmp_path / "imgs")
-    (path.parent / "calibration.json").write_text(json.dumps({"temperature": 2.5}))
+    write_calibration(path.parent, 2.5, identity=checkpoint_identity(path, load_checkpoint(path)), tta="hflip")
     try:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         proc = subprocess.run([sys.executable, "scripts/predict.py", f"ckpt_path={path.parent.parent}",
@@ -148,7 +152,8 @@ def test_cli_folder_glob_tta_and_temperature(ckpts, tmp_path):
         small = np.asarray(Image.fromarray(pixels).resize((8, 8), Image.Resampling.BILINEAR), dtype=np.float32)
         x = torch.from_numpy((small / 255 - DIGITS_MEAN) / DIGITS_STD)[None, None]
         with torch.no_grad():
-            p = ((run.net(x) / 2.5).softmax(-1) + (run.net(x.flip(-1)) / 2.5).softmax(-1))[0] / 2
+            averaged = (run.net(x).softmax(-1) + run.net(x.flip(-1)).softmax(-1)) / 2
+            p = (averaged.log() / 2.5).softmax(-1)[0]
         assert r["label"] == run.class_names[int(p.argmax())]
         assert abs(float(r["prob"]) - float(p.max())) < 1e-5
 

@@ -35,7 +35,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     trainer = instantiate_checked(cfg.trainer, "trainer", logger=False, callbacks=report_callbacks(cfg))
     # the weights are in the module already: no ckpt_path, so Lightning does not read the file again;
     # predictions.csv + report/ (and calibration.json with calibrate=true): vitpipe.report.evaluation
-    metrics = evaluate_with_report(cfg, trainer, run.module, run.datamodule, path)
+    metrics = evaluate_with_report(cfg, trainer, run.module, run.datamodule, path, checkpoint)
     if hasattr(run.module, "write_predictions"):  # captioners: generated captions next to the scores
         run.module.write_predictions(Path(cfg.paths.output_dir) / "captions.json")
     write_run_files(run.cfg, metrics)

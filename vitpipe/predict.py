@@ -3,9 +3,10 @@
 checkpoint -> network + the run's eval transform (``vitpipe.preprocess``) -> batches of files ->
 
 * classifiers: one row per image, ``path,label,prob,top2_label,top2_prob,...`` up to ``topk``
-  (class names stored in the checkpoint; softmax probabilities, divided by the temperature of a
-  ``calibration.json`` beside the checkpoint when there is one; ``tta=hflip`` averages the
-  probabilities of the image and its mirror);
+  (class names stored in the checkpoint); probabilities as eval computes them
+  (``vitpipe.report.tta``): ``tta=hflip`` averages the softmax of the image and its mirror, then the
+  temperature of a ``calibration.json`` beside the checkpoint divides the log of that, when it was
+  fitted on this very checkpoint with this ``tta`` (else one line says why it is not applied);
 * captioners: ``path,caption`` (the decoding settings the run validated with).
 
 CSV, or JSON (a list of the same rows) when ``out`` ends in ``.json``, written through a temporary
@@ -33,9 +34,9 @@ from tqdm import tqdm
 from vitpipe.data.images import is_image_file, open_image
 from vitpipe.errors import ConfigError
 from vitpipe.preprocess import Preprocess
+from vitpipe.report.tta import TTAS, tta_logits
 from vitpipe.runinfo import atomic_write_text
 
-TTA = ("none", "hflip")
 OUT_SUFFIXES = (".csv", ".json")
 
 
@@ -91,17 +92,15 @@ def _collate(items):
 # --------------------------------------------------------------------------- the model side
 
 
-def class_probs(net, x: Tensor, *, tta: str = "none", temperature: float = 1.0) -> Tensor:
-    """Softmax probabilities (B, classes) of a classifier, after temperature scaling (Guo et al. 2017)."""
+def class_probs(net, x: Tensor, *, tta: str = "none", temperature: float | None = None) -> Tensor:
+    """Softmax probabilities (B, classes) of a classifier: logits -> TTA -> temperature (Guo et al. 2017)
+    -> softmax, eval's composition (``vitpipe.report.tta.tta_logits``)."""
     logits = net(x)
     if not (isinstance(logits, Tensor) and logits.ndim == 2 and logits.shape[0] == x.shape[0]):
         what = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ConfigError(f"predict: {type(net).__name__} returns {what}, not logits (B, classes); "
                           "predict handles classifiers and captioners")
-    probs = (logits.float() / temperature).softmax(dim=-1)
-    if tta == "hflip":  # mirror TTA: the average of the image's and its mirror's probabilities
-        probs = (probs + (net(x.flip(-1)).float() / temperature).softmax(dim=-1)) / 2
-    return probs
+    return tta_logits(logits, lambda: net(x.flip(-1)), tta=tta, temperature=temperature).float().softmax(dim=-1)
 
 
 def class_rows(paths: list[str], probs: Tensor, names: list[str], topk: int) -> list[dict]:
@@ -142,15 +141,15 @@ def run_dir_of(ckpt_path: Path) -> Path:
     return ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else ckpt_path.parent
 
 
-def calibration_temperature(ckpt_path: Path) -> float | None:
-    """``temperature`` of a ``calibration.json`` beside the checkpoint or in its run directory."""
-    from vitpipe.report.calibration import read_temperature
+def calibration_temperature(ckpt_path: Path, checkpoint: dict, *, tta: str = "none") -> float | None:
+    """The temperature of a ``calibration.json`` (beside the checkpoint, or in its run directory) fitted
+    on this checkpoint with this ``tta``; else None, with one line on stderr when a file was passed over."""
+    from vitpipe.report.calibration import find_temperature
 
-    for folder in dict.fromkeys((Path(ckpt_path).parent, run_dir_of(ckpt_path))):
-        t = read_temperature(folder)
-        if t is not None:
-            return t
-    return None
+    temperature, line = find_temperature(ckpt_path, checkpoint, tta=tta)
+    if temperature is None and line:
+        print(f"vitpipe: note: {line}", file=sys.stderr, flush=True)
+    return temperature
 
 
 # --------------------------------------------------------------------------- writing
@@ -201,8 +200,8 @@ def check_options(cfg: DictConfig) -> None:
         v = cfg.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
             raise ConfigError(f"{key}={v!r}: expected an int >= {minimum}")
-    if cfg.tta not in TTA:
-        raise ConfigError(f"tta={cfg.tta!r}; valid choices: {', '.join(TTA)}")
+    if cfg.tta not in TTAS:
+        raise ConfigError(f"tta={cfg.tta!r}; valid choices: {', '.join(TTAS)}")
     check_out(cfg.out)
 
 
@@ -226,7 +225,7 @@ def predict(cfg: DictConfig) -> Path:
     if warning:  # the same averaging as eval's tta=hflip, the same loss on a network that never saw a flip
         print(f"vitpipe: warning: {warning}", file=sys.stderr, flush=True)
     preprocess = Preprocess(built.datamodule, net.encoder if captioner else net)
-    temperature = None if captioner else calibration_temperature(path)
+    temperature = None if captioner else calibration_temperature(path, checkpoint, tta=cfg.tta)
     loader = DataLoader(ImageFiles(files, preprocess), batch_size=cfg.batch_size, num_workers=cfg.num_workers,
                         collate_fn=_collate)
 
@@ -245,7 +244,7 @@ def predict(cfg: DictConfig) -> Path:
                 ids = net.generate(x, max_len=hp.max_gen_len, beam_size=hp.beam_size, length_penalty=hp.length_penalty)
                 rows += [{"path": p, "caption": c} for p, c in zip(paths, tokenizer.batch_decode(ids))]
             else:
-                probs = class_probs(net, x, tta=cfg.tta, temperature=temperature or 1.0)
+                probs = class_probs(net, x, tta=cfg.tta, temperature=temperature)
                 if names is None:  # the class count as the network reports it
                     names = label_names(built.class_names, probs.shape[1])
                     cols = columns(cfg.topk, len(names))
@@ -255,6 +254,7 @@ def predict(cfg: DictConfig) -> Path:
     out = write_rows(rows, cols, check_out(cfg.out))  # checked again: the run took a while
     notes = [f"{bad} unreadable file(s) skipped"] if bad else []
     notes += [f"{not_images} non-image file(s) ignored"] if not_images else []
-    notes += [f"temperature {temperature:g} from calibration.json"] if temperature else []
+    notes += [f"temperature {temperature:g} from calibration.json, fitted on this checkpoint with tta={cfg.tta}"] \
+        if temperature else []
     print(f"vitpipe predict: {len(rows)} image(s) -> {out}" + (f" ({'; '.join(notes)})" if notes else ""))
     return out

@@ -78,7 +78,8 @@ def export(cfg: DictConfig) -> Path:
     timm_kwargs(net)  # a part timm cannot express: one line, before anything is written
     class_names = built.class_names if built.class_names and len(built.class_names) == net.num_classes else None
     card = model_card(name=out.name, net=net, arch=timm_arch(net), spec=spec, train_config=checkpoint["vitpipe_config"],
-                      class_names=class_names, run_dir=run_dir_of(path), temperature=calibration_temperature(path))
+                      class_names=class_names, run_dir=run_dir_of(path),
+                      temperature=calibration_temperature(path, checkpoint, tta="none"))  # the card: plain logits
     diff = save_timm(net, spec, out, class_names=class_names, readme=card, overwrite=cfg.get("overwrite", False))
     print(f"vitpipe export: timm model in {out} (config.json, model.safetensors, README.md; "
           f"timm's logits within {diff:.2g} of the checkpoint's)")

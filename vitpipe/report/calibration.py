@@ -9,6 +9,7 @@ split by minimising the NLL, so the argmax (the predictions) never changes, only
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -19,7 +20,7 @@ from torchmetrics.functional.classification import binary_calibration_error
 from vitpipe.runinfo import atomic_write_text
 
 N_BINS = 15
-CALIBRATION_FILE = "calibration.json"  # beside the checkpoint; scripts/predict.py applies it
+CALIBRATION_FILE = "calibration.json"  # beside the checkpoint; predict applies it to that checkpoint and TTA only
 
 
 def expected_calibration_error(confidence: Tensor, correct: Tensor, n_bins: int = N_BINS) -> float:
@@ -73,28 +74,86 @@ def fit_temperature(logits: Tensor, target: Tensor, *, max_iter: int = 100) -> f
     return float(log_t.detach().exp())
 
 
-def write_calibration(directory: Path, temperature: float, **extra) -> Path:
-    """``<directory>/calibration.json`` = {"temperature": T, **extra} (written atomically)."""
+# --------------------------------------------------------------------------- calibration.json
+#
+# A temperature belongs to one checkpoint and one TTA setting: fitted on best.ckpt's mirror-averaged
+# logits it means nothing for last.ckpt or for one view. calibration.json therefore records which
+# checkpoint it was fitted on, by an identity that survives copying or moving the run directory: the
+# file's name relative to the run (``checkpoints/epoch_029.ckpt``), its size in bytes and the
+# ``global_step`` stored inside it (a later save under the same name, e.g. last.ckpt, has another step).
+# No absolute path and no modification time: both change with ``cp -r``.
+
+
+def checkpoint_identity(ckpt_path: Path, checkpoint: dict) -> dict:
+    """``{"checkpoint": name relative to its run, "checkpoint_bytes": size, "global_step": step or None}``."""
+    ckpt_path = Path(ckpt_path)
+    name = f"checkpoints/{ckpt_path.name}" if ckpt_path.parent.name == "checkpoints" else ckpt_path.name
+    step = checkpoint.get("global_step") if isinstance(checkpoint, dict) else None
+    return {"checkpoint": name, "checkpoint_bytes": ckpt_path.stat().st_size,
+            "global_step": step if isinstance(step, int) and not isinstance(step, bool) else None}
+
+
+def write_calibration(directory: Path, temperature: float, *, identity: dict, tta: str, **extra) -> Path:
+    """``<directory>/calibration.json`` = {"temperature": T, the checkpoint's identity, "tta", **extra}
+    (written atomically)."""
     path = Path(directory) / CALIBRATION_FILE
-    atomic_write_text(path, json.dumps({"temperature": temperature, **extra}, indent=2, sort_keys=True) + "\n")
+    record = {"temperature": temperature, **identity, "tta": tta, **extra}
+    atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
     return path
 
 
-def read_temperature(directory: Path) -> float | None:
-    """The temperature of ``<directory>/calibration.json``, or None when there is none."""
-    import math
-
+def _read(path: Path) -> dict:
     from vitpipe.errors import ConfigError
 
-    path = Path(directory) / CALIBRATION_FILE
-    if not path.is_file():
-        return None
     try:
-        t = json.loads(path.read_text()).get("temperature")
-    except (OSError, ValueError, AttributeError) as e:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
         raise ConfigError(f"cannot read {path}: {e}; fix or remove it") from None
-    if t is None:
-        return None
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+    if not isinstance(record, dict):
+        raise ConfigError(f"{path} holds {type(record).__name__}, not an object with a temperature; fix or remove it")
+    t = record.get("temperature")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0):
         raise ConfigError(f"{path}: temperature={t!r} must be a finite number > 0; fix or remove the file")
-    return float(t)
+    return record
+
+
+def _mismatch(record: dict, identity: dict, tta: str) -> str | None:
+    """Why ``record`` was not fitted on the checkpoint ``identity`` with ``tta``, or None when it was."""
+    if not all(k in record for k in ("checkpoint", "checkpoint_bytes", "global_step", "tta")):
+        return ("it does not record which checkpoint and TTA it was fitted on (written by hand or by an older "
+                "vitpipe); run scripts/eval.py calibrate=true on this checkpoint to fit one")
+    if record["checkpoint"] != identity["checkpoint"]:
+        return f"it was fitted on {record['checkpoint']}, not {identity['checkpoint']}"
+    if (record["checkpoint_bytes"], record["global_step"]) != (identity["checkpoint_bytes"], identity["global_step"]):
+        return (f"it was fitted on another {identity['checkpoint']} (step {record['global_step']}, "
+                f"{record['checkpoint_bytes']} bytes; this one: step {identity['global_step']}, "
+                f"{identity['checkpoint_bytes']} bytes)")
+    if record["tta"] != tta:
+        return f"it was fitted with tta={record['tta']}, this run uses tta={tta}"
+    return None
+
+
+def find_temperature(ckpt_path: Path, checkpoint: dict, *, tta: str) -> tuple[float | None, str | None]:
+    """The temperature fitted on exactly this checkpoint with this TTA setting, and a line saying where it
+    came from or why none was applied: (None, None) when there is no calibration.json to consider.
+
+    Looked up beside the checkpoint (where eval writes it), then in its run directory (an older place).
+    """
+    ckpt_path = Path(ckpt_path)
+    run = ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else ckpt_path.parent
+    identity = checkpoint_identity(ckpt_path, checkpoint)
+    refusal = None
+    for folder in dict.fromkeys((ckpt_path.parent, run)):
+        path = folder / CALIBRATION_FILE
+        if not path.is_file():
+            continue
+        record = _read(path)
+        if record.get("temperature") is None:
+            continue
+        why = _mismatch(record, identity, tta)
+        if why is None:
+            t = float(record["temperature"])
+            return t, f"temperature {t:g} from {path}"
+        refusal = refusal or f"{path}: its temperature {record['temperature']:g} is not applied: {why}"
+    return None, refusal
+

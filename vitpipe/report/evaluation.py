@@ -11,8 +11,10 @@
   It helps a network trained with flips; one that never saw a mirrored image (digits: a mirrored
   digit is another glyph) gets worse, so ``unseen_flip_warning`` says so before evaluating.
 
-TTA and the temperature act through forward hooks on the evaluated network, removed afterwards:
-the module and its weights stay as loaded.
+TTA and the temperature act through one forward hook on the evaluated network (``vitpipe.report.tta``:
+logits -> TTA -> temperature, the composition predict uses too), removed afterwards: the module and
+its weights stay as loaded. calibration.json records the checkpoint (name in its run, size, step)
+and the TTA setting the temperature was fitted with; predict applies it to that pair only.
 """
 
 from __future__ import annotations
@@ -25,15 +27,21 @@ from pathlib import Path
 import lightning as L
 import torch
 from omegaconf import DictConfig
-from torch import nn
 
 from vitpipe.errors import ConfigError
-from vitpipe.report.calibration import expected_calibration_error, fit_temperature, nll, write_calibration
+from vitpipe.report.calibration import (
+    checkpoint_identity,
+    expected_calibration_error,
+    fit_temperature,
+    nll,
+    write_calibration,
+)
 from vitpipe.report.callback import ReportCallback
 from vitpipe.report.history import HISTORY_FILE
 from vitpipe.report.predictions import Predictions, TestPredictions, evaluated_net
+from vitpipe.report.tta import TTAS, at_test_time
 
-SPLITS, TTAS = ("test", "val"), ("none", "hflip")
+SPLITS = ("test", "val")
 
 
 @dataclass
@@ -89,10 +97,11 @@ def report_callbacks(cfg: DictConfig) -> list[L.Callback]:
 
 
 def evaluate_with_report(cfg: DictConfig, trainer: L.Trainer, module: L.LightningModule, datamodule,
-                     ckpt_path) -> dict[str, float]:
+                         ckpt_path, checkpoint: dict | None = None) -> dict[str, float]:
     """Evaluate the loaded ``module`` per ``cfg.split/calibrate/tta``; returns the metrics.
 
-    ``trainer`` carries the ReportCallback (``report_callbacks``); the module holds the weights.
+    ``trainer`` carries the ReportCallback (``report_callbacks``); the module holds the weights of
+    ``ckpt_path``, whose loaded dict ``checkpoint`` identifies it in calibration.json (read again when None).
     """
     opts = eval_options(cfg)
     out, ckpt_path = Path(cfg.paths.output_dir), Path(ckpt_path)
@@ -121,8 +130,13 @@ def evaluate_with_report(cfg: DictConfig, trainer: L.Trainer, module: L.Lightnin
         before = Predictions.from_logits(result.index, raw, result.target)
         metrics |= {"test/temperature": temperature, "test/nll_uncalibrated": nll(raw, result.target),
                     "test/ece_uncalibrated": before.ece()}
+        if checkpoint is None:
+            from vitpipe.checkpoint import load_checkpoint
+
+            checkpoint = load_checkpoint(ckpt_path)
         write_calibration(
-            ckpt_path.parent, temperature, checkpoint=ckpt_path.name, tta=opts.tta, fitted_on="val",
+            ckpt_path.parent, temperature, identity=checkpoint_identity(ckpt_path, checkpoint), tta=opts.tta,
+            fitted_on="val",
             val_nll_before=nll(val.logits, val.target), val_nll_after=nll(val.logits, val.target, temperature),
             val_ece_before=val.ece(), val_ece_after=_ece(val.logits / temperature, val.target),
             test_nll_before=metrics["test/nll_uncalibrated"], test_nll_after=metrics["test/nll"],
@@ -131,27 +145,6 @@ def evaluate_with_report(cfg: DictConfig, trainer: L.Trainer, module: L.Lightnin
     if opts.split != "test":
         metrics = {f"{opts.split}/{k.removeprefix('test/')}": v for k, v in metrics.items()}
     return metrics
-
-
-@contextlib.contextmanager
-def at_test_time(net: nn.Module, *, tta: str = "none", temperature: float | None = None):
-    """While inside: ``net(x)`` returns TTA-averaged and/or temperature-scaled logits (B, C)."""
-    handles = []
-    if tta == "hflip":
-        def hflip(mod, args, logits):
-            # mod.forward, not mod(...): the hooks (this one included) are not re-entered
-            mirrored = mod.forward(args[0].flip(-1))  # (B, C); x is (B, C, H, W), flip W
-            probs = (logits.float().softmax(-1) + mirrored.float().softmax(-1)) / 2
-            return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()  # softmax(log p) = p
-
-        handles.append(net.register_forward_hook(hflip))
-    if temperature is not None:
-        handles.append(net.register_forward_hook(lambda mod, args, logits: logits / temperature))
-    try:
-        yield net
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,61 @@
+"""Logits -> TTA -> temperature -> probabilities: the one composition eval and predict share.
+
+``tta=hflip`` averages the softmax of an image and its mirror; the temperature (Guo et al. 2017)
+then divides the log of that average. This is the order in which eval fits the temperature
+(``fit_temperature`` on the validation split's TTA-averaged logits), so it is the only order in
+which a fitted temperature means what it was fitted for; predict, and eval's test with the fitted
+temperature, both go through ``tta_logits``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+TTAS = ("none", "hflip")
+
+
+def tta_logits(logits: Tensor, mirrored: Callable[[], Tensor] | None = None, *, tta: str = "none",
+                     temperature: float | None = None) -> Tensor:
+    """Logits (B, C) after TTA and the temperature; their softmax is the prediction.
+
+    logits: the network on the images x (B, C, H, W); mirrored: returns the network on
+    ``x.flip(-1)`` (called only for ``tta="hflip"``). With hflip the result is the log of the averaged
+    probabilities (softmax(log p) = p), so losses, accuracy and ECE all see the averaged prediction.
+    """
+    if tta not in TTAS:
+        raise ValueError(f"tta={tta!r}; valid choices: {', '.join(TTAS)}")
+    if tta == "hflip":
+        if mirrored is None:
+            raise ValueError("tta=hflip needs the logits of the mirrored images")
+        probs = (logits.float().softmax(-1) + mirrored().float().softmax(-1)) / 2  # (B, C)
+        logits = probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
+    if temperature is not None:
+        logits = logits.float() / temperature
+    return logits
+
+
+def tta_probs(net: nn.Module, x: Tensor, *, tta: str = "none", temperature: float | None = None) -> Tensor:
+    """Softmax probabilities (B, C) of ``net`` on images x (B, C, H, W), through ``tta_logits``."""
+    return tta_logits(net(x), lambda: net(x.flip(-1)), tta=tta, temperature=temperature).float().softmax(-1)
+
+
+@contextlib.contextmanager
+def at_test_time(net: nn.Module, *, tta: str = "none", temperature: float | None = None):
+    """While inside: ``net(x)`` returns ``tta_logits`` (B, C); the hook is removed afterwards."""
+    if tta == "none" and temperature is None:
+        yield net
+        return
+
+    def hook(mod, args, logits):
+        # mod.forward, not mod(...): this hook is not re-entered for the mirror
+        return tta_logits(logits, lambda: mod.forward(args[0].flip(-1)), tta=tta, temperature=temperature)
+
+    handle = net.register_forward_hook(hook)
+    try:
+        yield net
+    finally:
+        handle.remove()
