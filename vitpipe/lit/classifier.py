@@ -37,7 +37,9 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         warmup_fraction: fraction of all optimizer steps spent warming up.
         label_smoothing: Szegedy et al. 2016; passed to timm's Mixup when mixup is on.
         mixup: kwargs of ``timm.data.Mixup`` (mixup_alpha, cutmix_alpha, ...), or None.
-        ema_decay: keep an EMA of the weights (timm ModelEmaV3) and validate/test with it.
+        ema_decay: keep an EMA of the weights (timm ModelEmaV3) and validate/test with it; updated
+            once per applied optimizer step (``ema_decay`` is the decay per step, whatever
+            ``accumulate_grad_batches``), the first update a copy.
         compile: ``torch.compile`` the network in place (``nn.Module.compile``) when a Trainer
             starts: the module tree is unchanged, so checkpoints hold plain ``net.*`` keys.
         nonfinite: what a NaN/inf loss does (``vitpipe.lit.nonfinite``): ``"error"`` stops the run
@@ -164,9 +166,22 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
         return loss
 
-    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        if self.ema is not None:
-            self.ema.update(self.net, step=self.global_step)
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        # Lightning calls this once per optimizer step (after the last of accumulate_grad_batches
+        # micro-batches), so the EMA averages the weights of each update, as timm's train loop does;
+        # an update per batch would make the effective decay ema_decay^k under k-batch accumulation.
+        if self.ema is None:
+            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)  # 16-mixed: GradScaler
+        scale = scaler.get_scale() if scaler is not None else None
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        # a step that left the weights as they were (nonfinite=skip; GradScaler found inf gradients
+        # and lowered its scale) is not averaged in: that would count the same weights twice
+        if self.step_dropped or (scaler is not None and scaler.get_scale() < scale):
+            return
+        # this step's number (Lightning counts it once this hook returns): 1 for the first update,
+        # where ModelEmaV3 copies the weights, as with timm's num_updates
+        self.ema.update(self.net, step=self.global_step + 1)
 
     def _eval_step(self, batch, loss_metric, metrics, prefix: str) -> torch.Tensor:
         x, y = batch

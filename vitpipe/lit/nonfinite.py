@@ -35,10 +35,12 @@ class NonFiniteGuard:
     In ``training_step``: ``if not self.loss_is_finite(loss, batch_idx): return loss`` (skip mode;
     in error mode the call raises). The step's gradients are then dropped in
     ``on_before_optimizer_step``; with gradient accumulation, the whole accumulated step.
+    ``step_dropped`` then says so until the next optimizer step (the EMA skips such a step).
     """
 
     skipped_batches: int = 0
     _drop_step: bool = False
+    step_dropped: bool = False  # whether the latest optimizer step was dropped (its weights left as they were)
 
     def loss_is_finite(self, loss: torch.Tensor, batch_idx: int) -> bool:
         bad = (~torch.isfinite(loss.detach())).float()
@@ -58,6 +60,7 @@ class NonFiniteGuard:
                                  f"module.nonfinite=skip to drop such batches")
 
     def on_before_optimizer_step(self, optimizer) -> None:
+        self.step_dropped = self._drop_step
         if self._drop_step:  # the same decision on every rank (the flag was all-reduced)
             for p in self.parameters():
                 p.grad = None
