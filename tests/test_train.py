@@ -207,20 +207,70 @@ def test_eval_script_reproduces_the_test_metrics_from_the_checkpoint_alone(cfg_f
         evaluate(cfg_factory(f"ckpt_path={tmp_path / 'nope.ckpt'}", config_name="eval", sub="bad"))
 
 
-def test_mixup_cutmix_and_ema_train(cfg_factory):
-    cfg = cfg_factory("debug=fast", "trainer.limit_train_batches=4", "test=false",
-                      "+module.mixup={mixup_alpha: 0.8, cutmix_alpha: 1.0}", "module.ema_decay=0.5")
+class SeenByTrainingStep(__import__("lightning").Callback):
+    """Each training batch as it reached the step, the network's input, output and the gradient of
+    the loss on that output, and the loss."""
+
+    def __init__(self, net) -> None:
+        self.batches, self.inputs, self.logits, self.grads, self.losses = [], [], [], [], []
+        net.register_forward_hook(self._record)
+
+    def _record(self, net, args, out) -> None:
+        if net.training:  # not validation
+            self.inputs.append(args[0].detach().clone())
+            self.logits.append(out.detach().clone())
+            out.register_hook(lambda g: self.grads.append(g.detach().clone()))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.batches.append([t.clone() for t in batch])  # timm's Mixup mixes the batch in place
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.losses.append(outputs["loss"].detach())
+
+
+@pytest.mark.parametrize("mixup", ["{mixup_alpha: 0.8, cutmix_alpha: 0.0}", "{mixup_alpha: 0.0, cutmix_alpha: 1.0}"],
+                         ids=["mixup", "cutmix"])
+def test_training_step_sees_mixed_images_and_soft_targets(cfg_factory, mixup):
+    """The network gets each image mixed with its partner in the flipped batch (timm's batch mode):
+    a convex combination (mixup) or the partner's box pasted in (cutmix), and the loss is the
+    cross-entropy against the same mix of the two smoothed one-hot targets, lam by the mixed area.
+    The targets the loss used are read back from its gradient: d mean-CE / d logits = (softmax - t) / B."""
+    import lightning as L
+    import torch.nn.functional as F
+
+    cfg = cfg_factory("debug=fast", "data=synthetic", "data.augment=false", "data.batch_size=8",
+                      "trainer.limit_train_batches=3", "test=false", "module.label_smoothing=0.1",
+                      f"+module.mixup={mixup}")
+    L.seed_everything(cfg.seed)
     dm, net, module = build(cfg)
-    before = {k: v.clone() for k, v in net.state_dict().items()}
-    trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
-    trainer.fit(module, dm)
-    ema = module.ema.module.state_dict()
-    changed = [k for k, v in net.state_dict().items() if v.is_floating_point() and not torch.equal(v, before[k])]
-    assert changed, "training did not change the weights"
-    # the EMA trails the weights: it moved, but is not equal to them
-    assert any(not torch.equal(ema[k], net.state_dict()[k]) for k in changed)
-    assert any(not torch.equal(ema[k], before[k]) for k in changed)
-    assert module.mixup is not None and module.mixup.mixup_alpha == 0.8
+    seen = SeenByTrainingStep(net)
+    instantiate(cfg.trainer, logger=False, enable_checkpointing=False, callbacks=[seen]).fit(module, dm)
+    assert len(seen.batches) == len(seen.inputs) == len(seen.grads) == len(seen.losses) == 3
+    n, smoothing = cfg.data.num_classes, 0.1
+    for (x, y), mixed, logits, grad, loss in zip(seen.batches, seen.inputs, seen.logits, seen.grads, seen.losses):
+        partner = x.flip(0)
+        assert (mixed - x).abs().max() > 1e-3, "the network saw the images unmixed"
+        if "cutmix_alpha: 0.0" in mixup:  # mixed = lam * x + (1 - lam) * partner, one lam per batch
+            d = x - partner
+            lam = float(((mixed - partner) * d).sum() / (d * d).sum())
+            torch.testing.assert_close(mixed, lam * x + (1 - lam) * partner, rtol=0, atol=1e-5)
+        else:  # one box, the same for the whole batch, holds the partner's pixels; the rest is the image's
+            box = (mixed != x).any(0).any(0)  # (H, W)
+            rows, cols = box.any(1).nonzero().flatten(), box.any(0).nonzero().flatten()
+            r0, r1, c0, c1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
+            assert box[r0:r1, c0:c1].all() and box.sum() == (r1 - r0) * (c1 - c0), "not one rectangle"
+            expected = x.clone()
+            expected[..., r0:r1, c0:c1] = partner[..., r0:r1, c0:c1]
+            assert torch.equal(mixed, expected)
+            lam = 1 - (r1 - r0) * (c1 - c0) / box.numel()  # timm's correct_lam: by the pasted area
+        assert 0 < lam < 1
+        off = smoothing / n
+        one_hot = torch.full((len(y), n), off).scatter_(1, y[:, None], 1 - smoothing + off)
+        soft = lam * one_hot + (1 - lam) * one_hot.flip(0)
+        used = logits.softmax(-1) - len(y) * grad  # (B, C): the targets of the loss
+        torch.testing.assert_close(used, soft, rtol=0, atol=1e-5)
+        assert (used.max(1).values < 1 - smoothing).any()  # not (smoothed) one-hot
+        torch.testing.assert_close(loss, F.cross_entropy(logits, soft), rtol=1e-5, atol=1e-6)
 
 
 def test_wandb_offline_run_is_written_and_closed(cfg_factory, monkeypatch):
