@@ -3,7 +3,12 @@
 Front matter and the first sections come from timm's own ``generate_readme`` (the card
 ``push_to_hf_hub`` writes); vitpipe adds what a reader of a trained model needs: the data and its
 classes, the test metrics of the run (``metrics.json`` of the checkpoint's run directory), the
-training command and config, and the intended use and limits. Local paths are left out.
+training command and config, and the intended use and limits.
+
+No local path reaches the card (``vitpipe.export.local_paths``): the machine's own sections and
+overrides (``paths``, ``hydra``, loggers, callbacks) are left out, and every other absolute path, in the
+config or in the command, becomes relative to the directory training was started in
+(``paths.root_dir``) when it lies under it, else ``<local path>``.
 
 Class names are data: they are listed once, as the JSON list of ``label_names`` in a code block
 (``<``, ``>``, ``&`` as JSON's ``\\u`` escapes), so a name with a comma, a pipe, a link or a tag is one
@@ -18,11 +23,13 @@ from pathlib import Path
 import yaml
 from torch import nn
 
+from vitpipe.export.local_paths import scrub_override, scrub_tree
 from vitpipe.markdown import fenced
 from vitpipe.preprocess import InputSpec
 
 # config keys that describe the machine, not the model (paths, loggers, Hydra's own settings, a resume file)
 _LOCAL_KEYS = ("paths", "logger", "hydra", "callbacks", "ckpt_path")
+_LOCAL_OVERRIDES = ("paths.", "hydra.")  # command-line overrides of the same kind (``paths.log_dir=/x``)
 
 
 def run_metrics(run_dir: Path) -> dict[str, float]:
@@ -34,23 +41,35 @@ def run_metrics(run_dir: Path) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if k.startswith("test/") and isinstance(v, (int, float))}
 
 
-def train_command(run_dir: Path) -> str | None:
-    """``python scripts/train.py <overrides>`` from Hydra's record of the run, if it is there."""
+def root_dir(train_config: dict) -> str | None:
+    """The directory the run was started in (its stored ``paths.root_dir``), which card paths are relative to."""
+    paths = train_config.get("paths")
+    root = paths.get("root_dir") if isinstance(paths, dict) else None
+    return root if isinstance(root, str) else None
+
+
+def train_command(run_dir: Path, root: str | None = None) -> str | None:
+    """``python scripts/train.py <overrides>`` from Hydra's record of the run, if it is there: without the
+    ``paths.*`` / ``hydra.*`` overrides, other paths relative to ``root`` or ``<local path>``."""
     try:
         overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or []
     except (OSError, yaml.YAMLError):
         return None
-    return " ".join(["python scripts/train.py", *map(str, overrides)])
+    if not isinstance(overrides, list):
+        return None
+    kept = [scrub_override(str(o), root) for o in overrides
+            if not str(o).lstrip("+~").startswith(_LOCAL_OVERRIDES)]
+    return " ".join(["python scripts/train.py", *kept])
 
 
 def shareable_config(train_config: dict) -> str:
-    """The training config (as stored in the checkpoint) as YAML, without machine-specific keys and data roots."""
+    """The training config (as stored in the checkpoint) as YAML, without machine-specific keys, every other
+    path relative to the run's ``paths.root_dir`` or ``<local path>``."""
+    root = root_dir(train_config)
     data = json.loads(json.dumps(train_config, default=str))  # a copy holding only YAML-safe values
     for key in _LOCAL_KEYS:
         data.pop(key, None)
-    if isinstance(data.get("data"), dict) and data["data"].get("root"):
-        data["data"]["root"] = "<local folder>"
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml.safe_dump(scrub_tree(data, root), sort_keys=False)
 
 
 def class_list(class_names: list[str]) -> str:
@@ -98,9 +117,11 @@ def model_card(*, name: str, net: nn.Module, arch: str, spec: InputSpec, train_c
     if class_names:
         text += ("\n## Classes\n\nIn index order (the logits' order), as in config.json's `label_names`:\n\n"
                  + fenced(class_list(class_names), "json"))
-    command = train_command(run_dir) if run_dir else None
+    command = train_command(run_dir, root_dir(train_config)) if run_dir else None
     text += "\n## Training\n"
     text += f"\n{fenced(command, 'bash')}" if command else "\nThe training command was not recorded.\n"
+    text += ("\nPaths are relative to the directory training was started in; `<local path>` stands for one "
+             "outside it, and the machine's own settings (`paths`, `hydra`, loggers, callbacks) are left out.\n")
     text += f"\n<details><summary>Run config</summary>\n\n{fenced(shareable_config(train_config), 'yaml')}</details>\n"
     text += (
         "\n## Intended use and limits\n\n"

@@ -8,7 +8,8 @@ position kind and stem exports: RoPE and the recomputed sin-cos tables are ordin
 The file is written through ``atomic_write``: the exporter's bytes go to a temporary file beside
 ``out`` and are run in onnxruntime against PyTorch before that file is renamed to ``out``. A kill at
 any moment leaves the old ``out`` (or none) plus at worst a temporary file, which the next export to
-the same ``out`` removes; a failed check removes it at once.
+the same ``out`` removes; a failed check removes it at once. The exporter's per-node Python stack
+traces (absolute source paths of this machine) are left out of the file.
 """
 
 from __future__ import annotations
@@ -66,7 +67,30 @@ def _onnx_bytes(net: nn.Module, spec: InputSpec) -> bytes:
     with contextlib.redirect_stdout(io.StringIO()):  # the exporter narrates each step on stdout
         program = torch.onnx.export(net, (x,), None, dynamo=True, dynamic_shapes=({0: batch},),
                                     input_names=["images"], output_names=["logits"], verbose=False)
-    return program.model_proto.SerializeToString()  # what ONNXProgram.save writes, weights inside
+    model = program.model_proto
+    _drop_stack_traces(model)
+    return model.SerializeToString()  # what ONNXProgram.save writes, weights inside
+
+
+STACK_TRACE = "pkg.torch.onnx.stack_trace"
+
+
+def _drop_stack_traces(model) -> None:
+    """Remove the Python stack the exporter records on each node (``File "/home/<user>/.../vit.py", line
+    177``): absolute paths of this machine in a file meant for sharing. The graph is unchanged."""
+    graphs = [model.graph]
+    nodes = [n for f in model.functions for n in f.node]
+    while graphs:
+        g = graphs.pop()
+        for n in g.node:
+            nodes.append(n)
+            for a in n.attribute:  # If / Loop / Scan bodies
+                graphs += ([a.g] if a.HasField("g") else []) + list(a.graphs)
+    for n in nodes:
+        kept = [p for p in n.metadata_props if p.key != STACK_TRACE]
+        if len(kept) != len(n.metadata_props):
+            del n.metadata_props[:]
+            n.metadata_props.extend(kept)
 
 
 @torch.no_grad()
