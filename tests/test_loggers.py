@@ -121,3 +121,64 @@ def test_the_login_check_leaves_wandbs_settings_to_wandb_init(cfg_factory, monke
     monkeypatch.setenv("WANDB_MODE", "disabled")
     check_wandb_login(cfg_factory("debug=fast", "logger=[csv,wandb]"))
     assert wandb_setup._singleton is None
+
+
+def test_a_failure_before_fit_finishes_the_loggers_as_failed(cfg_factory, monkeypatch):
+    """The loggers exist from the start of train(); a failure building the data or model, or reading
+    the checkpoint to resume, still closes them as failed."""
+    import vitpipe.train
+    from vitpipe.errors import ConfigError
+
+    def build(cfg):
+        raise ConfigError("data.root=/nowhere: no such folder")
+
+    statuses = []
+    monkeypatch.setattr(vitpipe.train, "build", build)
+    monkeypatch.setattr(CSVLogger, "finalize", lambda self, status: statuses.append(status))
+    with pytest.raises(ConfigError, match="no such folder"):
+        vitpipe.train.train(cfg_factory("debug=fast", "logger=csv", "test=false"))
+    assert statuses == ["failed"]
+
+
+class _Broken(CSVLogger):
+    def finalize(self, status: str) -> None:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_logger_that_cannot_finish_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    import wandb
+
+    def finish(exit_code=None):
+        raise ConnectionError("wandb is down")
+
+    monkeypatch.setattr(wandb, "run", object())
+    monkeypatch.setattr(wandb, "finish", finish)
+    _Recorder.statuses = []
+    # neither stops the others from finishing, nor masks the run's own outcome by raising
+    finish_loggers([_Broken(tmp_path), WandbLogger(offline=True, save_dir=str(tmp_path)), _Recorder(tmp_path)], "failed")
+    assert _Recorder.statuses == ["failed"]
+    assert capsys.readouterr().err.splitlines() == [
+        "vitpipe: warning: logger _Broken did not finish (status failed): No space left on device",
+        "vitpipe: warning: logger WandbLogger did not finish (status failed): wandb is down"]
+
+
+@pytest.mark.parametrize("fails", [True, False], ids=["nan-loss", "success"])
+def test_wandb_records_the_runs_exit_code(cfg_factory, monkeypatch, fails):
+    """End to end, in wandb's own record of an offline run: a run that stops on a NaN loss is
+    finished with exit code 1 (wandb shows it as failed), a run that completes with 0."""
+    wandb = pytest.importorskip("wandb")
+    from vitpipe.lit.nonfinite import NonFiniteLossError
+    from vitpipe.train import train
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    nan = ["+callbacks.nan._target_=nan_injection.NaNLossOnRank", "+callbacks.nan.rank=0", "+callbacks.nan.step=1"]
+    cfg = cfg_factory("debug=fast", "logger=[csv,wandb]", "test=false", "trainer.limit_train_batches=2",
+                      *(nan if fails else []))
+    if fails:
+        with pytest.raises(NonFiniteLossError):
+            train(cfg)
+    else:
+        train(cfg)
+    assert wandb.run is None
+    (log,) = (Path(cfg.paths.output_dir) / "wandb").glob("offline-run-*/logs/debug.log")
+    assert f"got exitcode: {1 if fails else 0}" in log.read_text()

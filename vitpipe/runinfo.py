@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -69,18 +70,26 @@ def print_summary(cfg: DictConfig, metrics: dict, trainer: L.Trainer) -> None:
                      f"  run dir          {output_dir(cfg)}"] + ([f"  best checkpoint  {best}"] if best else [])))
 
 
-def finish_loggers(loggers: list, status: str = "success") -> None:
+def finish_loggers(loggers: list, status: str) -> None:
     """Close wandb runs (so a sweep's next job starts a new run) and flush the others, telling each how
-    the run ended: ``status`` is Lightning's "success" or "failed" (wandb marks a failed run by its
-    exit code)."""
-    for lg in loggers:
-        if isinstance(lg, WandbLogger):
-            import wandb
+    the run ended: ``status`` is Lightning's "success" or "failed" (``Logger.finalize(status)``;
+    TensorBoard saves its hparams only on success) and wandb's exit code 0 or 1 (wandb shows 1 as a
+    failed run). No default: a caller must say how the run ended.
 
-            if wandb.run is not None:
-                wandb.finish(exit_code=0 if status == "success" else 1)
-        elif hasattr(lg, "finalize"):
-            try:
+    A logger that cannot finish (a full disk, wandb unreachable) is named in one line on stderr and
+    the others still finish; it never raises, so it cannot replace the run's own error."""
+    if status not in ("success", "failed"):
+        raise ValueError(f"status={status!r}; valid choices: success, failed")
+    for lg in loggers:
+        try:
+            if isinstance(lg, WandbLogger):
+                import wandb
+
+                if wandb.run is not None:
+                    wandb.finish(exit_code=0 if status == "success" else 1)
+            elif hasattr(lg, "finalize"):
                 lg.finalize(status)
-            except Exception:  # noqa: BLE001 - flushing a logger must not mask the run's own error
-                pass
+        except Exception as e:  # noqa: BLE001 - one line, then the next logger
+            why = (e.strerror if isinstance(e, OSError) and e.strerror else str(e)) or type(e).__name__
+            print(f"vitpipe: warning: logger {type(lg).__name__} did not finish (status {status}): {why}",
+                  file=sys.stderr, flush=True)

@@ -67,17 +67,17 @@ def _train(cfg: DictConfig) -> dict[str, float]:
     announce_recipe(cfg)  # which conf/recipe/<model>_<data>.yaml this run merged, and what it set
     set_sweep_group(cfg)
     loggers = instantiate_loggers(cfg.get("logger"))
-    callbacks = instantiate_callbacks(cfg.get("callbacks"))
-    if not loggers:  # logger=none: nothing to log a learning rate to (Lightning would refuse to start)
-        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
-    callbacks.append(ConfigInCheckpoint(cfg))  # eval rebuilds the model from the checkpoint alone
-    trainer: L.Trainer = instantiate_checked(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
-    apply_lr_scaling(cfg, trainer)  # needs the world size, which only the Trainer knows
-    dm, net, module = build(cfg)
-    ckpt_path = resume_path(cfg, net)
-    write_run_files(cfg, {})
     status = "failed"  # what the loggers are told unless the run gets to its end
     try:
+        callbacks = instantiate_callbacks(cfg.get("callbacks"))
+        if not loggers:  # logger=none: nothing to log a learning rate to (Lightning would refuse to start)
+            callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+        callbacks.append(ConfigInCheckpoint(cfg))  # eval rebuilds the model from the checkpoint alone
+        trainer: L.Trainer = instantiate_checked(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
+        apply_lr_scaling(cfg, trainer)  # needs the world size, which only the Trainer knows
+        dm, net, module = build(cfg)
+        ckpt_path = resume_path(cfg, net)
+        write_run_files(cfg, {})
         if cfg.get("train", True):
             trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
         metrics = collect_metrics(trainer)
