@@ -162,23 +162,26 @@ def test_a_logger_that_cannot_finish_says_so_in_one_line(tmp_path, monkeypatch, 
         "vitpipe: warning: logger WandbLogger did not finish (status failed): wandb is down"]
 
 
-@pytest.mark.parametrize("fails", [True, False], ids=["nan-loss", "success"])
-def test_wandb_records_the_runs_exit_code(cfg_factory, monkeypatch, fails):
-    """End to end, in wandb's own record of an offline run: a run that stops on a NaN loss is
-    finished with exit code 1 (wandb shows it as failed), a run that completes with 0."""
+@pytest.mark.parametrize("how", ["nan-loss", "sigterm", "success"])
+def test_wandb_records_the_runs_exit_code(cfg_factory, monkeypatch, how):
+    """End to end, in wandb's own record of an offline run: a run that stops on a NaN loss or is
+    pre-empted (SIGTERM, what Ctrl-C is relayed as) is finished with exit code 1 (wandb shows it as
+    failed), a run that completes with 0."""
     wandb = pytest.importorskip("wandb")
     from vitpipe.lit.nonfinite import NonFiniteLossError
     from vitpipe.train import train
 
     monkeypatch.setenv("WANDB_MODE", "offline")
-    nan = ["+callbacks.nan._target_=nan_injection.NaNLossOnRank", "+callbacks.nan.rank=0", "+callbacks.nan.step=1"]
-    cfg = cfg_factory("debug=fast", "logger=[csv,wandb]", "test=false", "trainer.limit_train_batches=2",
-                      *(nan if fails else []))
-    if fails:
-        with pytest.raises(NonFiniteLossError):
-            train(cfg)
-    else:
+    stop = {"nan-loss": ["+callbacks.nan._target_=nan_injection.NaNLossOnRank", "+callbacks.nan.rank=0",
+                         "+callbacks.nan.step=1"],
+            "sigterm": ["+callbacks.kill._target_=vitpipe.lit.checkpointing.SignalAtStep", "+callbacks.kill.step=1"],
+            "success": []}[how]
+    cfg = cfg_factory("debug=fast", "logger=[csv,wandb]", "test=false", "trainer.limit_train_batches=2", *stop)
+    if how == "success":
         train(cfg)
+    else:
+        with pytest.raises(NonFiniteLossError if how == "nan-loss" else SystemExit):
+            train(cfg)
     assert wandb.run is None
     (log,) = (Path(cfg.paths.output_dir) / "wandb").glob("offline-run-*/logs/debug.log")
-    assert f"got exitcode: {1 if fails else 0}" in log.read_text()
+    assert f"got exitcode: {0 if how == 'success' else 1}" in log.read_text()
