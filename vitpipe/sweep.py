@@ -25,6 +25,7 @@ from matplotlib.figure import Figure
 
 from vitpipe.runinfo import atomic_write_text
 
+SLURM_STATE = ".slurm_state"  # hydra_plugins/vitpipe_slurm: the SLURM state of a job that left no result
 METRIC_ORDER = ("val/acc_best", "test/acc", "test/acc_top5", "test/loss", "val/cider_best", "test/bleu4", "test/cider")
 
 
@@ -42,6 +43,8 @@ def collect_jobs(sweep_dir: str | Path) -> list[dict]:
         if metrics_file.is_file():
             row.update(json.loads(metrics_file.read_text()))
             row["status"] = "done"
+        elif (job / SLURM_STATE).is_file():  # written by vitpipe's SLURM launcher: CANCELLED, TIMEOUT, ...
+            row["status"] = (job / SLURM_STATE).read_text().strip().lower() or "incomplete"
         else:
             row["status"] = "incomplete"
         rows.append(row)
