@@ -101,6 +101,64 @@ def test_resolver_newest_run_and_recorded_best(tmp_path):
     assert resolve_ckpt_path("last", log_dir=tmp_path) == new / "epoch_000.ckpt"  # recorded best, by name
 
 
+def _run_folder(tmp_path: Path, files: dict[str, str | None | bytes]) -> Path:
+    """<tmp>/run/checkpoints with one file per entry, in this order of mtime: name -> the best_model_path
+    its ModelCheckpoint state records (None: no callback state; bytes: the raw file, unreadable)."""
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    for i, (name, best) in enumerate(files.items()):
+        if isinstance(best, bytes):
+            (folder / name).write_bytes(best)
+        else:
+            state = {} if best is None else {"callbacks": {"BestAndLastCheckpoint{'monitor': 'val/acc'}":
+                                                           {"best_model_path": best}}}
+            torch.save({"state_dict": {}, **state}, folder / name)
+        os.utime(folder / name, (100 + i, 100 + i))
+    return folder
+
+
+def test_best_is_what_the_run_recorded_even_without_last_ckpt(tmp_path):
+    # save_last=false, save_top_k=2: the newest checkpoint's ModelCheckpoint state names the best
+    folder = _run_folder(tmp_path, {"epoch_000.ckpt": "/r/epoch_000.ckpt", "epoch_001.ckpt": "/r/epoch_000.ckpt"})
+    assert resolve_ckpt_path(folder.parent) == folder / "epoch_000.ckpt"
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"epoch_002.ckpt": "", "epoch_003.ckpt": "", "last.ckpt": "/r/checkpoints/epoch_001.ckpt"},
+     r"ckpt_path=\S+/run: the run records /r/checkpoints/epoch_001.ckpt as its best checkpoint, but \S+/checkpoints "
+     r"has no epoch_001.ckpt \(it holds epoch_002.ckpt, epoch_003.ckpt, last.ckpt\); pass ckpt_path=<one of those "
+     r"files>"),
+    ({"epoch_003.ckpt": "", "last.ckpt": "/r/checkpoints/epoch_001.ckpt"},  # the best deleted to save space
+     r"records /r/checkpoints/epoch_001.ckpt as its best checkpoint, but .* has no epoch_001.ckpt"),
+    ({"epoch_002.ckpt": "", "epoch_003.ckpt": "", "last.ckpt": b"PK\x03\x04 cut short"},
+     r"ckpt_path=\S+/run: cannot tell which of 2 checkpoints is the best: last.ckpt, which records it, cannot be "
+     r"read: the file is truncated or corrupt \(it was probably cut short while being written or copied\); "
+     r"pass ckpt_path=<one of epoch_002.ckpt, epoch_003.ckpt, last.ckpt>$"),
+    ({"a.ckpt": None, "b.ckpt": None},
+     r"cannot tell which of 2 checkpoints is the best: none records it \(no ModelCheckpoint state\); "
+     r"pass ckpt_path=<one of a.ckpt, b.ckpt>"),
+], ids=["recorded-best-missing", "only-another-left", "last-unreadable", "no-record"])
+def test_best_that_cannot_be_found_is_refused_in_one_line(tmp_path, files, message):
+    """Eval, predict, export and visualize on a run directory use its best checkpoint, the one the
+    run's own test used; another file in its place would report numbers the run never had."""
+    folder = _run_folder(tmp_path, files)
+    with pytest.raises(ConfigError, match=message) as e:
+        resolve_ckpt_path(folder.parent)
+    assert "\n" not in str(e.value)
+    assert resolve_ckpt_path(folder.parent, which="last") == folder / sorted(files)[-1]  # resume is not affected
+
+
+def test_best_without_a_record_is_the_only_candidate(tmp_path):
+    # no best recorded yet (stopped before the first validation): last.ckpt is all there is
+    folder = _run_folder(tmp_path, {"last.ckpt": ""})
+    assert resolve_ckpt_path(folder.parent) == folder / "last.ckpt"
+    lone = _run_folder(tmp_path / "lone", {"epoch_004.ckpt": None})
+    assert resolve_ckpt_path(lone.parent) == lone / "epoch_004.ckpt"
+    # a folder holding one checkpoint copied from elsewhere and renamed: that one, whatever it records
+    renamed = _run_folder(tmp_path / "renamed", {"model.ckpt": "/other/machine/checkpoints/epoch_003.ckpt"})
+    assert resolve_ckpt_path(renamed.parent) == renamed / "model.ckpt"
+
+
 # ---------------------------------------------------------------- reading
 
 

@@ -18,10 +18,14 @@ predict and export):
 
     a file       that file
     a directory  the run it holds (the newest one when it holds several, e.g. logs/train/), then
-                 which="best": the checkpoint ModelCheckpoint kept as best: the only epoch_*.ckpt, or the
-                               best_model_path recorded in last.ckpt when there are several, else the
-                               newest; last.ckpt when no other checkpoint was kept. Eval, visualize,
-                               predict and export use "best": the weights the run's own test used.
+                 which="best": the checkpoint ModelCheckpoint recorded as best (best_model_path in
+                               last.ckpt, else in the newest checkpoint), found by name in the folder
+                               (a moved run still finds it); with nothing recorded yet, the one
+                               checkpoint besides last.ckpt, else last.ckpt; a folder holding one
+                               checkpoint: that one. A recorded best that is not in the folder, or
+                               several checkpoints and no readable record, is refused (ConfigError,
+                               one line naming the files): no other file stands in for it. Eval,
+                               visualize, predict and export use "best": the weights the run's own test used.
                  which="last": last.ckpt, the newest state (else the newest checkpoint). Train's resume.
     last         the newest run under ``log_dir``, then as for a directory
 
@@ -91,7 +95,7 @@ def resolve_ckpt_path(value, *, log_dir=None, which: str = "best") -> Path:
         run = _newest_run(Path(log_dir), what="ckpt_path=last")
         if run is None:
             raise ConfigError(f"ckpt_path=last: no checkpoint under {log_dir}; pass ckpt_path=<file or run dir>")
-        return _pick(run, which)
+        return _pick(run, which, "ckpt_path=last")
     path = Path(str(value)).expanduser()
     if path.is_file():
         return path
@@ -100,7 +104,7 @@ def resolve_ckpt_path(value, *, log_dir=None, which: str = "best") -> Path:
         if run is None:
             raise ConfigError(f"ckpt_path={value}: that directory holds no .ckpt file; "
                               "pass a checkpoint file or a run directory")
-        return _pick(run, which)
+        return _pick(run, which, f"ckpt_path={value}")
     raise ConfigError(f"ckpt_path={value}: no such file or directory; pass a .ckpt file, a run directory or `last`")
 
 
@@ -141,27 +145,47 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def _pick(folder: Path, which: str) -> Path:
+def _pick(folder: Path, which: str, what: str) -> Path:
     last = folder / "last.ckpt"
     last = last if last.is_file() else None
     others = sorted((p for p in folder.glob("*.ckpt") if p.is_file() and p != last), key=lambda p: p.stat().st_mtime)
-    if which == "last" or not others:
+    if which == "last":
         return last or others[-1]
-    if len(others) > 1 and last is not None:  # save_top_k > 1: ask ModelCheckpoint which one it ranked best
-        best = _recorded_best(last)
-        if best is not None and (folder / best).is_file():
-            return folder / best
-    return others[-1]
+    if last is None and len(others) == 1:  # a folder holding one checkpoint (perhaps renamed): that one
+        return others[0]
+    # the best is what ModelCheckpoint recorded, in last.ckpt (else in the newest checkpoint); looked up
+    # by name in this folder, so a moved or copied run still finds it, and never read from the path a
+    # file names. When the record points nowhere here, no other file stands in for it: eval, predict and
+    # export would report numbers the run never had under its name.
+    recorder = last or others[-1]
+    recorded, why = _recorded_best(recorder)
+    present = [p.name for p in [*others, *([last] if last else [])]]
+    if recorded:
+        name = PurePosixPath(recorded).name
+        if (folder / name).is_file():
+            return folder / name
+        raise ConfigError(f"{what}: the run records {recorded} as its best checkpoint, but {folder} has no {name} "
+                          f"(it holds {', '.join(sorted(present))}); pass ckpt_path=<one of those files>")
+    if len(others) <= 1:  # nothing ranked yet: the one checkpoint besides last.ckpt, else last.ckpt
+        return others[0] if others else last
+    source = (f"{recorder.name}, which records it, cannot be read: {why}" if why
+              else "none records it (no ModelCheckpoint state)")
+    raise ConfigError(f"{what}: cannot tell which of {len(others)} checkpoints is the best: {source}; "
+                      f"pass ckpt_path=<one of {', '.join(sorted(present))}>")
 
 
-def _recorded_best(last: Path) -> str | None:
-    """File name of the best checkpoint that last.ckpt's ModelCheckpoint state records (mmap: no weights read)."""
+def _recorded_best(path: Path) -> tuple[str | None, str | None]:
+    """(the best_model_path that ``path``'s ModelCheckpoint state records, or None; why the file could
+    not be read, or None). Read with mmap: no weights are loaded."""
     try:
-        ckpt = torch.load(last, map_location="cpu", weights_only=True, mmap=True)
-        states = ckpt.get("callbacks", {}).values()  # ModelCheckpoint (or a subclass) keeps best_model_path
-        return next((Path(s["best_model_path"]).name for s in states if s.get("best_model_path")), None)
-    except Exception:  # noqa: BLE001 - an unreadable last.ckpt: fall back to the newest checkpoint
-        return None
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # noqa: BLE001 - said in the caller's one line
+        return None, _why_unreadable(path, e).split(";")[0].rstrip(".")  # the reason, without its advice
+    callbacks = ckpt.get("callbacks") if isinstance(ckpt, dict) else None
+    states = callbacks.values() if isinstance(callbacks, dict) else ()
+    # ModelCheckpoint (or a subclass) keeps best_model_path; "" until its first top-k save
+    return next((str(s["best_model_path"]) for s in states
+                 if isinstance(s, dict) and s.get("best_model_path")), None), None
 
 
 # --------------------------------------------------------------------------- reading
