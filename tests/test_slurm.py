@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,104 @@ def test_a_job_shape_that_cannot_work_is_refused_before_submission(cfg_factory, 
     assert launcher_problem(cfg) is None
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert "sbatch, which is not on PATH" in launcher_problem(cfg)
+
+
+# --------------------------------------------------------------------------- a real cluster
+
+TINY = ["trainer=cpu", "debug=fast", "trainer.limit_val_batches=1", "test=false",
+        "callbacks.model_checkpoint.monitor=null", "callbacks.model_checkpoint.save_top_k=0",
+        "callbacks.progress_bar.refresh_rate=1000", "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.mem_gb=1"]
+ENV = {"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT / "tests")}
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """The one-node cluster of tests/cluster/slurm.sh (started if needed; left running for the next
+    test run, `tests/cluster/slurm.sh stop` stops it). Skips where it cannot run."""
+    if os.geteuid() != 0:
+        pytest.skip("the SLURM daemons need root (tests/cluster/slurm.sh start)")
+    r = subprocess.run(["bash", str(ROOT / "tests/cluster/slurm.sh"), "start"], capture_output=True, text=True,
+                       timeout=300)
+    if r.returncode == 3:
+        pytest.skip(f"no SLURM here: {r.stderr.strip().splitlines()[-1]}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    conf = subprocess.run(["bash", str(ROOT / "tests/cluster/slurm.sh"), "env"], capture_output=True, text=True,
+                          check=True).stdout.strip().removeprefix("export SLURM_CONF=")
+    return {"SLURM_CONF": conf}
+
+
+def sweep(slurm, tmp_path, *overrides, timeout=240, background=False):
+    cmd = [sys.executable, str(ROOT / "scripts/train.py"), "-m", "hydra/launcher=slurm", *TINY, *overrides]
+    env = {**os.environ, **ENV, **slurm}
+    if background:
+        return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def squeue(slurm) -> list[tuple[str, str]]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, **slurm}).stdout
+    return [tuple(line.split()) for line in out.splitlines() if line.strip()]
+
+
+def weights(run_dir: Path) -> dict:
+    import torch
+
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    return {k: v for k, v in ckpt["state_dict"].items() if k.startswith("net.")}
+
+
+def local_run(tmp_path, name, *overrides):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts/train.py"), *TINY[:-2], *overrides,
+                        f"hydra.run.dir={tmp_path / name}"], cwd=tmp_path, env={**os.environ, **ENV},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return tmp_path / name
+
+
+@pytest.mark.slurm
+def test_a_sweep_of_two_jobs_runs_through_slurm_and_writes_its_summary(slurm, tmp_path):
+    r = sweep(slurm, tmp_path, "seed=0,1", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Submitit 'slurm' sweep output dir" in r.stdout + r.stderr
+    summary = (tmp_path / "sweep" / "summary.csv").read_text().splitlines()
+    assert len(summary) == 3 and all(row.endswith(",done") for row in summary[1:]), summary
+    for job in (0, 1):  # each job ran as a SLURM job, in its own numbered directory
+        assert (tmp_path / "sweep" / str(job) / "checkpoints" / "last.ckpt").is_file()
+    assert list((tmp_path / "sweep" / ".submitit").glob("*_0/*_0_log.out"))
+
+
+@pytest.mark.slurm
+def test_a_two_task_job_gets_ranks_0_and_1_and_trains_as_one_process(slurm, tmp_path):
+    common = ["trainer.max_epochs=1", "trainer.limit_train_batches=4", "data.shuffle=false", "data.augment=false",
+              "trainer.deterministic=true"]
+    r = sweep(slurm, tmp_path, *common, "trainer=ddp_cpu", "data.batch_size=8", f"hydra.sweep.dir={tmp_path / 'ddp'}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    logs = "".join(p.read_text() for p in (tmp_path / "ddp" / ".submitit").glob("*/*_log.err"))
+    assert "GLOBAL_RANK: 0, MEMBER: 1/2" in logs and "GLOBAL_RANK: 1, MEMBER: 2/2" in logs
+    one = local_run(tmp_path, "one", *common, "data.batch_size=16")
+    a, b = weights(tmp_path / "ddp" / "0"), weights(one)
+    assert a.keys() == b.keys()
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+
+
+@pytest.mark.slurm
+def test_a_cancelled_job_is_reported_and_the_other_jobs_finish(slurm, tmp_path):
+    proc = sweep(slurm, tmp_path, "trainer.max_epochs=1,2000", "+callbacks.pace._target_=pace.Pace",
+                 "+callbacks.pace.seconds=0.05", f"hydra.sweep.dir={tmp_path / 'sweep'}", background=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(j.endswith("_1") and s == "RUNNING" for j, s in squeue(slurm)):
+            time.sleep(1)
+        job = next(j for j, s in squeue(slurm) if j.endswith("_1"))
+        time.sleep(3)
+        subprocess.run(["scancel", job], env={**os.environ, **slurm}, check=True, timeout=30)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    assert f"SLURM job {job} ended CANCELLED without a result" in err
+    assert "1 of 2 job(s) finished" in err and "Traceback" not in err
+    rows = (tmp_path / "sweep" / "summary.csv").read_text().splitlines()
+    assert rows[1].endswith(",done") and rows[2].endswith(",cancelled"), rows
