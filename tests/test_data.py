@@ -375,14 +375,19 @@ def test_imagefolder_num_classes_checked_against_folders(image_root):
         imagefolder(image_root, fast_path=True)
 
 
-def test_imagefolder_without_test_split_falls_back_to_val(image_root):
+def test_imagefolder_without_test_split_never_tests_on_val(image_root):
+    """No test/: test images are held out of train/ (test_split), or there are none; never the validation
+    split (tests/test_image_folders.py runs it end to end)."""
     import shutil
 
     shutil.rmtree(image_root / "test")
-    dm = imagefolder(image_root)
-    with pytest.warns(UserWarning, match="no test split"):
-        dm.setup("test")
-    assert dm.data_test is dm.data_val and len(dm.data_test) == 2
+    dm = imagefolder(image_root)  # test_split None: no test split
+    dm.setup("test")
+    assert len(dm.data_test) == 0 and dm.test_dataloader() == []
+    dm = imagefolder(image_root, test_split=2)
+    dm.setup("fit")
+    dm.setup("test")
+    assert (len(dm.data_train), len(dm.data_val), len(dm.data_test)) == (4, 2, 2)
 
 
 # ---- the fast path ---------------------------------------------------------------------

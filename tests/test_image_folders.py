@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from omegaconf import open_dict
 from PIL import Image, ImageOps
 
 from test_data import write_png
@@ -191,6 +192,75 @@ def test_val_folder_missing_classes_names_them_and_the_folder(root):
     msg = str(err.value)
     assert "\n" not in msg and str(root / "val") in msg
     assert "bird, cat" in msg and "fish" in msg, msg
+
+
+def _train_and_val_only(root: Path, n_train: int = 10, n_val: int = 2) -> Path:
+    """train/ and val/ (no test/) with cat, dog and fish; every file a different gray."""
+    for c, name in enumerate(("cat", "dog", "fish")):
+        for i in range(n_train):
+            write_png(root / "train" / name / f"{i}.png", value=10 * c + i)
+        for i in range(n_val):
+            write_png(root / "val" / name / f"{i}.png", value=100 + 10 * c + i)
+    return root
+
+
+FOLDER_RUN = ["debug=fast", "logger=none", "data=imagefolder", "model.img_size=16", "model.patch_size=4",
+              "data.num_workers=0", "trainer.limit_test_batches=null", "callbacks.progress_bar.refresh_rate=1000"]
+
+
+def test_folder_without_test_is_tested_on_images_held_out_of_train(tmp_path, cfg_factory, capsys):
+    """No test/: the test split is a seeded 10% of train/ (data.test_split), stated at the start in one line,
+    never trained or validated on; test/acc is computed on those images, not on val/ (which picked the
+    checkpoint) as it was."""
+    import csv
+
+    import hydra
+
+    from vitpipe.train import train
+
+    root = _train_and_val_only(tmp_path / "imgs")
+    cfg = cfg_factory(*FOLDER_RUN, f"data.root={root}")
+    assert cfg.data.test_split == 0.1
+    metrics = train(cfg)
+    notes = [x for x in capsys.readouterr().err.splitlines() if "test/" in x and "held out" in x]
+    assert len(notes) == 1 and "3 of the 30 images of train/" in notes[0] and "data.test_split=0.1" in notes[0], notes
+    with (Path(cfg.paths.output_dir) / "predictions.csv").open() as f:
+        tested = {os.path.relpath(r["path"], root) for r in csv.DictReader(f)}
+    assert len(tested) == 3 and all(p.startswith("train" + os.sep) for p in tested), tested
+    assert "test/acc" in metrics
+    dm = hydra.utils.instantiate(cfg.data)
+    dm.setup("fit")
+    used = {os.path.relpath(dm.data_train.base.samples[i][0], root) for i in range(len(dm.data_train))}
+    assert used.isdisjoint(tested) and len(used) == 27  # the rest of train/ trains; val/ validates
+    dm.setup("test")
+    assert {os.path.relpath(p, root) for p, _ in dm.data_test.base.samples} == tested  # seeded: the same again
+    other = hydra.utils.instantiate(cfg.data, seed=1)
+    other.setup("test")
+    assert {os.path.relpath(p, root) for p, _ in other.data_test.base.samples} != tested  # the seed picks them
+
+
+def test_folder_without_test_and_test_split_0_reports_no_test_metrics(tmp_path, cfg_factory, capsys):
+    """data.test_split=0 and no test/: no test split at all; no test/ keys (not val/ results renamed)."""
+    from vitpipe.train import train
+
+    root = _train_and_val_only(tmp_path / "imgs", n_train=4)
+    metrics = train(cfg_factory(*FOLDER_RUN, f"data.root={root}", "data.test_split=0"))
+    assert "val/acc" in metrics and not [k for k in metrics if k.startswith("test/")], metrics
+    notes = [x for x in capsys.readouterr().err.splitlines() if "no test split" in x]
+    assert len(notes) == 1 and "data.test_split=0" in notes[0], notes
+    from vitpipe.evaluate import evaluate
+
+    eval_cfg = cfg_factory(f"ckpt_path={next(tmp_path.rglob('epoch_*.ckpt'))}", "data=imagefolder", f"data.root={root}",
+                           "data.test_split=0", "data.num_workers=0", config_name="eval", sub="eval")
+    with pytest.raises(ConfigError, match="no test split.*split=val"):  # eval says so too, in one line
+        evaluate(eval_cfg)
+    assert "carve" not in capsys.readouterr().err  # the run's own test_split: nothing to warn about
+    # eval's data= carving otherwise than the run (the yaml's 0.1 here) may test on training images: one line
+    with open_dict(eval_cfg):
+        eval_cfg.data.test_split = 0.1
+    evaluate(eval_cfg)
+    warned = [x for x in capsys.readouterr().err.splitlines() if "carve" in x]
+    assert len(warned) == 1 and "data.test_split=0.1" in warned[0] and "(data.test_split=0)" in warned[0], warned
 
 
 # ---- the class count from the folders or the shard index ------------------------------------------------

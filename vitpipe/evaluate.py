@@ -16,7 +16,13 @@ from omegaconf import DictConfig
 
 from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
 from vitpipe.config import instantiate_checked
-from vitpipe.report.evaluation import eval_options, evaluate_with_report, report_callbacks, unseen_flip_warning
+from vitpipe.report.evaluation import (
+    carve_warning,
+    eval_options,
+    evaluate_with_report,
+    report_callbacks,
+    unseen_flip_warning,
+)
 from vitpipe.runinfo import print_summary, write_run_files
 
 log = logging.getLogger(__name__)
@@ -27,9 +33,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     opts = eval_options(cfg)  # split / calibrate / tta checked before anything loads
     path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best")
     checkpoint = load_checkpoint(path)
-    warning = unseen_flip_warning(checkpoint.get("vitpipe_config"), opts.tta)
-    if warning:
-        print(f"vitpipe: warning: {warning}", file=sys.stderr, flush=True)
+    for warning in (unseen_flip_warning(checkpoint.get("vitpipe_config"), opts.tta),
+                    carve_warning(checkpoint.get("vitpipe_config"), cfg.get("data"))):
+        if warning:
+            print(f"vitpipe: warning: {warning}", file=sys.stderr, flush=True)
     run = rebuild(checkpoint, path, data=cfg.get("data"), paths=cfg.paths, task_name=cfg.task_name, need_data=True)
     log.info("evaluating %s", path)
     trainer = instantiate_checked(cfg.trainer, "trainer", logger=False, callbacks=report_callbacks(cfg))

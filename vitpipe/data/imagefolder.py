@@ -9,21 +9,28 @@ on another disk); any other is refused in one line naming it. Image files are th
 ``vitpipe.data.images.is_image_file``, read by ``open_image`` (upright by EXIF orientation, 16-bit
 PNGs scaled to 8 bits). Every image is fully decoded before training (cached, so only new files
 cost time on the next run): a broken one stops the run in setup() naming the file, or is left out
-with a counted warning (``on_bad_image``). Other files are left out with a count. Without val/,
-the validation split comes from train/ (``val_split``); without test/, testing falls back to the
-validation split (with a warning).
+with a counted warning (``on_bad_image``). Other files are left out with a count.
+
+Splits: without test/, a test split is held out of train/ first (``test_split``, a seeded
+permutation as for ``val_split``; one line at the start says how many images); without val/, the
+validation split then comes from the rest of train/ (``val_split``). The held-out images are never
+trained or validated on, so ``test/*`` metrics are never the validation split's (which chose the best
+checkpoint) under another name. ``test_split`` 0 or null (the constructor's default, and what a run
+stored before this option holds) with no test/: no test split at all, so no ``test/*`` metrics.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset
 
 from vitpipe.data.base import ClassificationDataModule, DatasetInfo
 from vitpipe.data.images import IMAGE_EXTENSIONS, find_bad_images, is_image_file, open_image, why_unreadable
+from vitpipe.data.splits import check_val_split, split_indices
 from vitpipe.errors import ConfigError
 
 ON_BAD_IMAGE = ("error", "skip")
@@ -144,14 +151,16 @@ class ImageFolderDataModule(ClassificationDataModule):
     num_classes: None (default) counts the class folders of ``root/train``; a number given must
     equal it. on_bad_image: what to do with a file that does not decode (zero bytes, truncated, not
     an image, a link that loops): ``error`` stops in setup() naming the first ones, ``skip`` leaves
-    them out with a counted warning. Other keyword args: see ClassificationDataModule. ImageNet
+    them out with a counted warning. test_split: without ``root/test/``, the fraction in [0, 1) or
+    count of train/'s images held out as the test split (seeded by ``seed``; conf/data/imagefolder.yaml:
+    0.1); None or 0: no test split. Other keyword args: see ClassificationDataModule. ImageNet
     statistics by default.
     """
 
     has_val_split = True  # root/val/, when present
 
     def __init__(self, *, num_classes: int | None = None, fast_path: bool = False, on_bad_image: str = "error",
-                 **kwargs):  # fmt: skip
+                 test_split: float | int | None = None, **kwargs):  # fmt: skip
         info = DatasetInfo(
             name="imagefolder", num_classes=None, channels=3, native_size=None,
             mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
@@ -164,6 +173,8 @@ class ImageFolderDataModule(ClassificationDataModule):
         if on_bad_image not in ON_BAD_IMAGE:
             raise ConfigError(f"data.on_bad_image={on_bad_image!r}: expected one of {', '.join(ON_BAD_IMAGE)}")
         self.on_bad_image = on_bad_image
+        self.test_split = None if test_split is None else check_val_split(test_split, "data.test_split")
+        self._split_said = False
 
     @staticmethod
     def num_classes_of(data) -> int:
@@ -199,7 +210,46 @@ class ImageFolderDataModule(ClassificationDataModule):
         for split in SPLITS:
             self._load(split)
 
+    def test_dataloader(self):
+        """No test split (no test/, ``test_split`` 0): no loader, so a test loop has nothing to report."""
+        ds = self._require(self.data_test, "test")
+        return super().test_dataloader() if len(ds) else []
+
+    def _setup_test(self) -> None:
+        # the base class tests on the validation split when a data set has none: never here
+        test = self._load("test")
+        self.data_test = self._prepare(test if test is not None else FolderImages([], list(self.class_names)),
+                                       None, train=False)
+
     def _load(self, split: str) -> FolderImages | None:
+        """The split's images; without test/, train/ minus the held-out test split, and that split."""
+        if split not in ("train", "test") or os.path.isdir(os.path.join(self.root, "test")):
+            return self._read(split)
+        train = self._read("train")
+        kept, held = self._held_out(len(train))
+        if split == "test" and not len(held):
+            return None
+        return FolderImages([train.samples[i] for i in (held if split == "test" else kept).tolist()], train.classes)
+
+    def _held_out(self, n: int):
+        """(kept, held-out test) indices into train/'s n images; says once what was held out."""
+        import torch
+
+        if self.test_split:
+            kept, held = split_indices(n, self.test_split, self.seed, key="data.test_split")
+        else:
+            kept, held = torch.arange(n), torch.arange(0)
+        if not self._split_said:
+            self._split_said = True
+            where = f"imagefolder: {self.root} has no test/"
+            _note(f"{where}: {len(held)} of the {n} images of train/ are held out as the test split "
+                  f"(data.test_split={self.test_split}, data.seed={self.seed}), never trained or validated on"
+                  if len(held) else
+                  f"{where} and data.test_split={self.test_split or 0} holds out none of its {n} images: no test split, "
+                  "so no test/ metrics (add test/ or set data.test_split, e.g. 0.1)")
+        return kept, held
+
+    def _read(self, split: str) -> FolderImages | None:
         path = os.path.join(self.root, split)
         if not os.path.isdir(path):
             return None
@@ -227,3 +277,8 @@ class ImageFolderDataModule(ClassificationDataModule):
             )
         rank_zero_warn(f"skipped {len(bad)} unreadable images in {path}, e.g. {named[0]}")
         return FolderImages([s for s in samples if s[0] not in bad], list(self.class_names))
+
+
+@rank_zero_only
+def _note(line: str) -> None:
+    print(f"vitpipe: note: {line}", file=sys.stderr, flush=True)

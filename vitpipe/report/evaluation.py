@@ -91,6 +91,24 @@ def unseen_flip_warning(stored: dict | None, tta: str) -> str | None:
             "classes look the same mirrored")
 
 
+CARVE_KEYS = ("val_split", "test_split", "seed")  # how a data module carves validation/test images out of train
+
+
+def carve_warning(stored: dict | None, given) -> str | None:
+    """One line when eval's ``data=`` names the run's data module but carves its splits differently
+    (``val_split``, ``test_split``, ``seed``): its validation or test images may then be training images."""
+    data = (stored or {}).get("data") if isinstance(stored, dict) else None
+    if not isinstance(data, dict) or given is None or given.get("_target_") != data.get("_target_"):
+        return None
+    differ = [k for k in CARVE_KEYS if k in given and given.get(k) != data.get(k)]
+    if not differ:
+        return None
+    now = " ".join(f"data.{k}={given.get(k)}" for k in differ)
+    run = " ".join(f"data.{k}={data.get(k)}" for k in differ)
+    return (f"{now} carve the splits otherwise than the run did ({run}): images it trained on may be among those "
+            f"evaluated; pass {run}")
+
+
 def report_callbacks(cfg: DictConfig) -> list[L.Callback]:
     """The callbacks of the eval Trainer: the report, written to the eval run directory."""
     return [ReportCallback(dirpath=str(cfg.paths.output_dir), split=eval_options(cfg).split)]
@@ -118,6 +136,8 @@ def evaluate_with_report(cfg: DictConfig, trainer: L.Trainer, module: L.Lightnin
         temperature = fit_temperature(val.logits, val.target)
         if report is not None:
             report.title = f"temperature T = {temperature:.3f} (fitted on the validation split, NLL)"
+    if opts.split == "test":
+        _require_test_split(datamodule)
     with _as_test_split(datamodule, opts.split), at_test_time(net, tta=opts.tta, temperature=temperature):
         trainer.test(module, datamodule=datamodule)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/") and v.numel() == 1}
@@ -145,6 +165,17 @@ def evaluate_with_report(cfg: DictConfig, trainer: L.Trainer, module: L.Lightnin
     if opts.split != "test":
         metrics = {f"{opts.split}/{k.removeprefix('test/')}": v for k, v in metrics.items()}
     return metrics
+
+
+def _require_test_split(datamodule) -> None:
+    """ConfigError when the data has no test images (an image folder without test/ and data.test_split=0):
+    the validation split is never reported as test."""
+    if not hasattr(datamodule, "data_test"):
+        return
+    datamodule.setup("test")
+    if datamodule.data_test is not None and len(datamodule.data_test) == 0:
+        raise ConfigError("this data has no test split (an image folder without test/ and data.test_split=0?); "
+                          "evaluate split=val for the validation split (reported as val/*), or give it a test split")
 
 
 @contextlib.contextmanager
