@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,35 @@ def test_a_training_run_is_live_until_its_process_ends(tmp_path):
     assert not is_live(busy)
     with live(finished):  # this process's own mark does not hide a run from itself
         assert not is_live(finished)
+
+
+def test_ckpt_path_auto_resumes_the_run_directorys_own_checkpoint_and_starts_fresh_without_one(cfg_factory, capsys):
+    """The default ckpt_path=auto: a run directory without a checkpoint trains from step 0 and says so;
+    the same directory run again (a requeued SLURM job, a rerun into a fixed hydra.run.dir) continues
+    from its last.ckpt; ckpt_path=null there is refused rather than writing a second run beside it."""
+    import torch
+
+    from vitpipe.train import train
+
+    tiny = ["debug=fast", "logger=none", "test=false", "trainer.limit_val_batches=1",
+            "callbacks.progress_bar.refresh_rate=1000", "trainer.limit_train_batches=2"]
+    cfg = cfg_factory(*tiny, "trainer.max_epochs=1")
+    assert cfg.ckpt_path == "auto"
+    last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    train(cfg)
+    out = capsys.readouterr().out
+    assert f"ckpt_path=auto: no checkpoint in {cfg.paths.output_dir} yet; training from the start" in out
+    assert torch.load(last, weights_only=True)["global_step"] == 2
+
+    train(cfg_factory(*tiny, "trainer.max_epochs=2"))  # the same run directory, asked for one more epoch
+    out = capsys.readouterr().out
+    assert f"ckpt_path=auto: this run directory holds {last}; resuming from it" in out
+    assert f"resuming from {last} at epoch 0, global step 2" in out
+    assert torch.load(last, weights_only=True)["global_step"] == 4
+
+    # ckpt_path=null into that directory would train afresh beside it (Lightning names the new files
+    # last-v1.ckpt, leaving last.ckpt stale): refused in one line before anything trains
+    with pytest.raises(ConfigError, match=r"ckpt_path=null, but .* already holds last.ckpt of an earlier run"):
+        train(cfg_factory(*tiny, "trainer.max_epochs=1", "ckpt_path=null"))
+    assert torch.load(last, weights_only=True)["global_step"] == 4
+    assert sorted(p.name for p in last.parent.iterdir()) == ["epoch_000.ckpt", "last.ckpt"]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from vitpipe.checkpoint import check_fits, load_checkpoint, resolve_ckpt_path
@@ -94,14 +95,42 @@ def _train(cfg: DictConfig) -> dict[str, float]:
 
 
 def resume_path(cfg: DictConfig, net) -> str | None:
-    """The checkpoint ``cfg.ckpt_path`` resumes from (a file; a run directory or ``last``, the newest
-    run of this task: its last.ckpt), checked to fit ``net`` now rather than after the data loads."""
-    if cfg.get("ckpt_path") in (None, ""):
+    """The checkpoint ``cfg.ckpt_path`` resumes from, checked to fit ``net`` now rather than after the
+    data loads: a file; a run directory or ``last`` (the newest run of this task): its last.ckpt;
+    ``auto`` (the default): this run directory's own last.ckpt when it has one (a requeued SLURM job,
+    a rerun into a fixed ``hydra.run.dir``), else none, saying which."""
+    value = cfg.get("ckpt_path")
+    if value in (None, ""):
+        earlier = own_checkpoint(output_dir(cfg))
+        if earlier is not None and cfg.get("train", True):  # Lightning would write last-v1.ckpt beside it
+            raise ConfigError(f"ckpt_path=null, but {output_dir(cfg)} already holds {earlier.name} of an earlier run; "
+                              "pass ckpt_path=auto to continue that run, or another hydra.run.dir to start afresh")
         return None
-    path = resolve_ckpt_path(cfg.ckpt_path, log_dir=Path(cfg.paths.log_dir) / cfg.task_name, which="last")
+    if str(value) == AUTO:
+        path = own_checkpoint(output_dir(cfg))
+        if path is None:
+            _say(f"vitpipe: ckpt_path=auto: no checkpoint in {output_dir(cfg)} yet; training from the start")
+            return None
+        _say(f"vitpipe: ckpt_path=auto: this run directory holds {path}; resuming from it")
+    else:
+        path = resolve_ckpt_path(value, log_dir=Path(cfg.paths.log_dir) / cfg.task_name, which="last")
     checkpoint = load_checkpoint(path)
     check_fits(checkpoint["state_dict"], net, path)  # PreemptionCheckpoint prints the step when fit loads it
     return str(path)
+
+
+AUTO = "auto"
+
+
+def own_checkpoint(run_dir) -> Path | None:
+    """``<run_dir>/checkpoints/last.ckpt`` (the newest state the run wrote), or None."""
+    path = Path(run_dir) / "checkpoints" / "last.ckpt"
+    return path if path.is_file() else None
+
+
+@rank_zero_only
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 def _best_checkpoint(trainer: L.Trainer) -> str | None:
