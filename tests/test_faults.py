@@ -287,27 +287,31 @@ def test_step_checkpoint_resume_has_no_not_resumable_warning_and_stays_exact(cfg
     for bit. The same checkpoint without vitpipe's data state keeps the warning."""
     quiet = ["callbacks.progress_bar.refresh_rate=1000", "callbacks.model_checkpoint.last_every_n_train_steps=null"]
     common = [*COMMON, *quiet]
+    # each run directory is read at once: paths.output_dir resolves against the config composed last
     full = cfg_factory(*common, sub="full")
+    full_dir = Path(full.paths.output_dir)
     train(full)
     stopped = cfg_factory(*common, "+callbacks.kill._target_=vitpipe.lit.checkpointing.SignalAtStep",
                           "+callbacks.kill.step=5", sub="stopped")
+    stopped_dir = Path(stopped.paths.output_dir)
     with pytest.raises(SystemExit) as stop:
         run_cli(train, stopped)
     assert stop.value.code == 128 + signal.SIGTERM
-    step5 = Path(stopped.paths.output_dir) / "checkpoints" / "last.ckpt"
+    step5 = stopped_dir / "checkpoints" / "last.ckpt"
     saved = torch.load(step5, weights_only=True)
     assert saved["global_step"] == 5 and saved["epoch"] == 1
     assert saved["DigitsDataModule"]["batches_done_in_epoch"] == 1  # vitpipe's position in the epoch
 
     recwarn.clear()
     resumed = cfg_factory(*common, f"ckpt_path={step5}", sub="resumed")
+    resumed_dir = Path(resumed.paths.output_dir)
     train(resumed)
     assert _not_resumable(recwarn) == []
-    a, b = _last(Path(full.paths.output_dir)), _last(Path(resumed.paths.output_dir))
-    assert a["global_step"] == b["global_step"] == 8
+    a, b = _last(full_dir), _last(resumed_dir)
+    assert full_dir != resumed_dir and a["global_step"] == b["global_step"] == 8
     assert _equal_weights(a, b) == []
 
-    bare = Path(stopped.paths.output_dir) / "no_data_state.ckpt"  # as from a data path without ResumeState
+    bare = stopped_dir / "no_data_state.ckpt"  # as from a data path without ResumeState
     torch.save({k: v for k, v in saved.items() if k != "DigitsDataModule"}, bare)
     recwarn.clear()
     train(cfg_factory(*common, f"ckpt_path={bare}", sub="bare"))
