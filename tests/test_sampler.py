@@ -1,11 +1,15 @@
-"""ShardedSampler, the sampler every classification loader uses: sharding over ranks (evaluation
-unpadded, training padded to equal lengths), one permutation per (seed, epoch), and the resume offset."""
+"""ShardedSampler, the sampler every vitpipe loader uses: sharding over ranks (evaluation unpadded,
+training padded to equal lengths), one permutation per (seed, epoch), the resume offset, and a DDP
+trainer built from the shipped config leaving it in place."""
 
 import math
+from pathlib import Path
 
 import pytest
+from torch.utils.data import DistributedSampler
 
 from vitpipe.data.sampler import ShardedSampler
+from vitpipe.errors import ConfigError
 
 SIZES = [(n, world) for n in (1, 2, 5, 7, 10, 11) for world in (1, 2, 3, 4)]
 
@@ -63,3 +67,43 @@ def test_skip_resumes_mid_epoch_with_exactly_the_remaining_indices_once(world):
         sampler.skip = 4
         assert list(sampler) == full[4:]  # the samples this rank had not trained yet
         assert list(sampler) == full  # the offset applies once: the next pass is whole
+
+
+# ---- under DDP the loaders keep vitpipe's sampler: Lightning's injection is off in every trainer config --
+
+
+TRAINERS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "trainer").glob("*.yaml"))
+
+
+def test_the_sampler_is_a_plain_sampler_and_every_trainer_config_turns_lightnings_injection_off(cfg_factory):
+    # not a DistributedSampler: Lightning leaves it alone because it is told to, not because of its type
+    assert not isinstance(ShardedSampler(4), DistributedSampler)
+    assert len(TRAINERS) >= 6
+    for name in TRAINERS:
+        assert cfg_factory(f"trainer={name}").trainer.use_distributed_sampler is False, name
+
+
+def test_a_ddp_trainer_from_the_shipped_config_keeps_each_loaders_sampler(cfg_factory):
+    from hydra.utils import instantiate
+    from lightning.pytorch.trainer.states import RunningStage
+
+    for data in (["debug=fast"], ["experiment=caption_shapes", "data.num_train=16", "data.num_val=4"]):
+        cfg = cfg_factory(*data, "trainer=ddp_cpu", "trainer.devices=2", "logger=none")
+        trainer = instantiate(cfg.trainer, logger=False)  # built, not launched: no processes yet
+        assert trainer.world_size == 2 and trainer._accelerator_connector.is_distributed
+        dm = instantiate(cfg.data)
+        dm.setup("fit")
+        dm.trainer = trainer  # rank 0 of 2
+        for loader, stage in ((dm.train_dataloader(), RunningStage.TRAINING),
+                              (dm.val_dataloader(), RunningStage.VALIDATING)):
+            assert type(loader.sampler) is ShardedSampler and loader.sampler.num_replicas == 2, data
+            # what Lightning's fit loop does with each loader before iterating it: here, nothing
+            assert trainer._data_connector._prepare_dataloader(loader, shuffle=True, mode=stage) is loader
+        train = dm.train_dataloader()
+        assert len(train.sampler) == -(-len(train.dataset) // 2)  # this rank's half, not the whole split
+
+    # with Lightning's injection on, it would wrap and shard the shard again: refused in one line
+    cfg = cfg_factory("debug=fast", "trainer=ddp_cpu", "trainer.devices=2", "trainer.use_distributed_sampler=true")
+    dm.trainer = instantiate(cfg.trainer, logger=False)
+    with pytest.raises(ConfigError, match=r"use_distributed_sampler=true: .*set trainer.use_distributed_sampler=false"):
+        dm.train_dataloader()

@@ -24,7 +24,7 @@ from vitpipe.data.workers import local_world_size, resolve_num_workers
 from vitpipe.data.fast import TensorImageDataset, identity_collate, random_crop, random_hflip, to_model_input
 from vitpipe.data.repeated import RepeatedAugSampler
 from vitpipe.data.resume import ResumeState
-from vitpipe.data.sampler import ShardedSampler
+from vitpipe.data.sampler import ShardedSampler, rank_layout
 from vitpipe.data.splits import check_val_split, split_indices
 from vitpipe.data.subset import check_classes, select
 from vitpipe.data.transforms import TransformedSubset, standard_transform
@@ -344,7 +344,7 @@ class ClassificationDataModule(L.LightningDataModule):
 
     def _loader(self, ds: Dataset, *, train: bool) -> DataLoader:
         batch_size = self.batch_size if train else self.eval_batch_size
-        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        world, rank = rank_layout(self.trainer)
         sampler = self._sampler(ds, train=train, world=world, rank=rank)
         if train:
             sampler.skip = self.resume.take_offset(batch_size)

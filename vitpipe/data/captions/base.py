@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from vitpipe.data.sampler import ShardedSampler, rank_layout
 from vitpipe.data.workers import local_world_size, resolve_num_workers
-from vitpipe.data.sampler import ShardedSampler
 from vitpipe.errors import ConfigError
 from vitpipe.text.tokenizer import WordTokenizer
 
@@ -61,6 +61,7 @@ class CaptionDataModule(L.LightningDataModule):
     """Subclasses implement ``_load(split) -> (image_fn, refs, image_ids)``.
 
     ``channels`` is the static value the config carries so ``model.encoder.in_chans`` can follow it.
+    ``seed`` fixes each epoch's training order (vitpipe.data.sampler; a function of (seed, epoch)).
 
     The tokenizer is built on first use from the training captions (``model_kwargs()`` needs the
     vocabulary before the model exists), or set from a checkpoint (``dm.tokenizer = ...``) so an
@@ -71,7 +72,7 @@ class CaptionDataModule(L.LightningDataModule):
 
     def __init__(self, *, channels: int = 3, batch_size: int = 64, eval_batch_size: int | None = None,
                  num_workers: int | None = 0, max_len: int = 32, min_word_freq: int = 1,
-                 pin_memory: bool = False) -> None:
+                 pin_memory: bool = False, seed: int = 0) -> None:
         super().__init__()
         if channels != self.channels:
             raise ConfigError(f"data.channels={channels} but {type(self).__name__} images have {self.channels} channels")
@@ -81,6 +82,7 @@ class CaptionDataModule(L.LightningDataModule):
             raise ConfigError(f"batch_size={batch_size} must be >= 1")
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.num_workers, self.max_len, self.min_word_freq, self.pin_memory = num_workers, max_len, min_word_freq, pin_memory
+        self.seed = int(seed)  # the training order of each epoch (and, for generated sets, the data)
         self._tokenizer: WordTokenizer | None = None
         self._data: dict[str, CaptionDataset] = {}
 
@@ -120,18 +122,17 @@ class CaptionDataModule(L.LightningDataModule):
 
     def _loader(self, split: str) -> DataLoader:
         train = split == "train"
-        sampler = None
-        if not train:
-            # Each rank captions its own unpadded shard, so every image is scored exactly once; the
-            # DistributedSampler Lightning would inject pads the shards by repeating images.
-            world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
-            sampler = ShardedSampler(len(self._dataset(split)), num_replicas=world, rank=rank, shuffle=False,
-                                     pad=False)
+        world, rank = rank_layout(self.trainer)
+        # Each rank reads its own shard (Lightning injects no sampler: conf/trainer/default.yaml). Training
+        # shards are padded to equal length (DDP needs equal step counts) and reshuffled per epoch from
+        # (seed, epoch); evaluation shards are not padded, so every image is scored exactly once.
+        sampler = ShardedSampler(len(self._dataset(split)), num_replicas=world, rank=rank, shuffle=train,
+                                 seed=self.seed, pad=train)  # fmt: skip
         workers = resolve_num_workers(self.num_workers, local_world_size(self.trainer))  # None: from the CPUs
         return DataLoader(self._dataset(split), batch_size=self.batch_size if train else self.eval_batch_size,
-                          shuffle=train, sampler=sampler, drop_last=False, num_workers=workers,
+                          sampler=sampler, drop_last=False, num_workers=workers,
                           collate_fn=CaptionCollate(self.tokenizer, self.max_len), pin_memory=self.pin_memory,
-                          persistent_workers=workers > 0)
+                          persistent_workers=workers > 0)  # fmt: skip
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")

@@ -120,7 +120,7 @@ class ShapesCaptionDataModule(CaptionDataModule):
 
     def __init__(self, *, num_train: int = 4000, num_val: int = 500, num_test: int = 500, img_size: int = 32,
                  in_chans: int = 3, max_shapes: int = 3, seed: int = 0, **kwargs) -> None:
-        super().__init__(**kwargs)
+        super().__init__(seed=seed, **kwargs)
         if in_chans != 3:
             raise ConfigError(f"shapes_captions draws colours and needs in_chans=3, got in_chans={in_chans}")
         if not 1 <= max_shapes <= len(CELLS):
