@@ -40,15 +40,23 @@ install() {
   }
 }
 
-certificate() {
+certificate() {  # a CA and a server certificate it signs (rustls, under LitData's obstore, refuses a CA as server)
   [ -s "$DIR/tls/bundle.pem" ] && return 0
   mkdir -p "$DIR/tls"
-  openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj /CN=localhost \
-    -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" -addext "basicConstraints=critical,CA:TRUE" \
-    -keyout "$DIR/tls/key.pem" -out "$DIR/tls/cert.pem" 2>"$DIR/log/openssl.log"
+  (
+    cd "$DIR/tls"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=vitpipe test CA" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+      -keyout ca-key.pem -out ca.pem
+    openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout key.pem -out server.csr
+    printf '%s\n' "subjectAltName=DNS:localhost,IP:127.0.0.1" "basicConstraints=critical,CA:FALSE" \
+      "keyUsage=critical,digitalSignature,keyEncipherment" "extendedKeyUsage=serverAuth" >server.ext
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 30 -extfile server.ext \
+      -out cert.pem
+  ) >"$DIR/log/openssl.log" 2>&1
   # the system's roots plus ours: SSL_CERT_FILE replaces the default bundle for the processes using it
-  cat /etc/ssl/certs/ca-certificates.crt "$DIR/tls/cert.pem" >"$DIR/tls/bundle.pem" 2>/dev/null ||
-    cp "$DIR/tls/cert.pem" "$DIR/tls/bundle.pem"
+  cat /etc/ssl/certs/ca-certificates.crt "$DIR/tls/ca.pem" >"$DIR/tls/bundle.pem" 2>/dev/null ||
+    cp "$DIR/tls/ca.pem" "$DIR/tls/bundle.pem"
 }
 
 configure() {

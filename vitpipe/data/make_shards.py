@@ -157,16 +157,35 @@ def _write_json_atomic(path: str, data: dict) -> None:
 
 
 def make_shards_from_config(cfg) -> dict:
-    """scripts/make_shards.py: ``cfg.data`` (any classification data config) -> shards in ``cfg.out``."""
+    """scripts/make_shards.py: ``cfg.data`` (any classification data config) -> shards in ``cfg.out``,
+    a folder or an ``s3://bucket/prefix`` URL (written to a local folder first, then uploaded with
+    the indexes last, so a reader never finds an index before what it lists)."""
     from hydra.utils import instantiate
 
+    from vitpipe.data.object_store import check_s3, is_s3, upload_tree
+    from vitpipe.data.shards import _plain
     from vitpipe.errors import ConfigError
 
+    out = str(cfg.out)
+    storage_options = _plain(cfg.get("storage_options"))
+    if "://" in out and not is_s3(out):
+        raise ConfigError(f"out={out}: make_shards writes to a folder or an s3:// URL; for other stores, write to a "
+                          "folder and copy it with the store's own tool")
+    if is_s3(out):
+        check_s3(out, storage_options, key="out")  # before any image is converted
     dm = instantiate(cfg.data)
     if not isinstance(dm, ClassificationDataModule):
         raise ConfigError(f"data={cfg.data._target_}: make_shards converts classification data sets only")
-    out = os.path.abspath(str(cfg.out))
-    index = make_shards(dm, out, shard_size=str(cfg.shard_size), seed=int(cfg.seed))
+    local = tempfile.mkdtemp(prefix="vitpipe-shards-upload-") if is_s3(out) else os.path.abspath(out)
+    try:
+        index = make_shards(dm, local, shard_size=str(cfg.shard_size), seed=int(cfg.seed))
+        if is_s3(out):
+            last = tuple(f"{split}/index.json" for split in SPLITS) + (INDEX_FILE,)
+            upload_tree(local, out, storage_options, last=last)
+    finally:
+        if is_s3(out):
+            shutil.rmtree(local, ignore_errors=True)
+    out = out if is_s3(out) else local
     counts = ", ".join(f"{s} {m['count']} images in {len(m['chunk_sizes'])} chunk(s)" for s, m in index["splits"].items())
     print(f"make_shards: {out}: {counts}; train with data=shards data.root={out} "
           f"data.num_classes={index['num_classes']} data.channels={index['channels']}")

@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 from vitpipe.data.base import ClassificationDataModule, DatasetInfo
 from vitpipe.data.images import open_image
 from vitpipe.data.make_shards import FORMAT_VERSION, INDEX_FILE
+from vitpipe.data.object_store import check_s3, is_s3
 from vitpipe.data.sampler import ShardedSampler
 from vitpipe.errors import ConfigError
 
@@ -36,7 +37,7 @@ def is_url(root: str) -> bool:
     return "://" in root
 
 
-def _fetch(root: str, name: str, cache_dir: str | None) -> str:
+def _fetch(root: str, name: str, cache_dir: str | None, storage_options: dict | None = None) -> str:
     """A local path holding ``root/name``: the file itself, or a downloaded copy for a URL root."""
     if not is_url(root):
         return os.path.join(root, name)
@@ -45,16 +46,20 @@ def _fetch(root: str, name: str, cache_dir: str | None) -> str:
     local_dir = cache_dir or tempfile.mkdtemp(prefix="vitpipe-shards-")
     os.makedirs(local_dir, exist_ok=True)
     local = os.path.join(local_dir, name)
-    get_downloader(root, local_dir, []).download_file(f"{root.rstrip('/')}/{name}", local)
+    get_downloader(root, local_dir, [], storage_options or {}).download_file(f"{root.rstrip('/')}/{name}", local)
     return local
 
 
-def read_index(root: str, cache_dir: str | None = None) -> dict:
-    """vitpipe's shard index under ``root`` (a folder or URL); ConfigError naming what is wrong."""
+def read_index(root: str, cache_dir: str | None = None, storage_options: dict | None = None) -> dict:
+    """vitpipe's shard index under ``root`` (a folder or URL); ConfigError naming what is wrong. An
+    ``s3://`` root is checked first with short timeouts (``object_store.check_s3``): a wrong key, a
+    missing bucket or an endpoint that does not answer is one line within seconds."""
     where = f"{root.rstrip('/')}/{INDEX_FILE}"
     hint = "; write shards with scripts/make_shards.py data=<data config> out=DIR"
+    if is_s3(root):
+        check_s3(root, storage_options, need=INDEX_FILE)
     try:
-        with open(_fetch(root, INDEX_FILE, cache_dir)) as f:
+        with open(_fetch(root, INDEX_FILE, cache_dir, storage_options)) as f:
             index = json.load(f)
     except FileNotFoundError:
         raise ConfigError(f"data.root={root}: no shard index {where}{hint}") from None
@@ -75,10 +80,12 @@ class ShardSplit(Dataset):
     The LitData StreamingDataset opens lazily, in the process that reads (each loader worker).
     """
 
-    def __init__(self, url: str, count: int, *, mode: str, cache_dir: str | None = None) -> None:
+    def __init__(self, url: str, count: int, *, mode: str, cache_dir: str | None = None,
+                 storage_options: dict | None = None) -> None:
         import litdata  # noqa: F401  (here, in the parent: forked loader workers then skip a ~1 s import each)
 
         self.url, self.count, self.mode, self.cache_dir = url, count, mode, cache_dir
+        self.storage_options = dict(storage_options or {})
         self._stream = None
 
     def __len__(self) -> int:
@@ -89,7 +96,7 @@ class ShardSplit(Dataset):
         if self._stream is None:
             from litdata import StreamingDataset
 
-            self._stream = StreamingDataset(self.url, cache_dir=self.cache_dir)
+            self._stream = StreamingDataset(self.url, cache_dir=self.cache_dir, storage_options=self.storage_options)
         return self._stream[int(i)]
 
     def __getitem__(self, i: int):
@@ -139,6 +146,8 @@ class ShardsDataModule(ClassificationDataModule):
     Class names, channels, the native size and mean/std come from the shard index (mean/std can be
     overridden); ``num_classes`` (None: the index's) and ``channels`` are checked against it.
     ``cache_dir``: where chunks of a URL root are downloaded (default: LitData's, under ~/.lightning).
+    ``storage_options``: the object store's client settings (for ``s3://``: boto3 client arguments
+    such as ``endpoint_url``, ``verify``, ``aws_access_key_id``; default: the standard AWS variables).
     Not supported here, with a one-line error: ``fast_path`` (the data is streamed, not held) and
     ``sampler=balanced`` (its draws with replacement jump between chunks; balance the classes when
     writing the shards).
@@ -147,7 +156,8 @@ class ShardsDataModule(ClassificationDataModule):
     has_val_split = True  # make_shards always writes val/
 
     def __init__(self, *, root: str, channels: int, num_classes: int | None = None, cache_dir: str | None = None,
-                 fast_path: bool = False, sampler: str = "default", repeated_aug: int = 1, mean=None, std=None,
+                 storage_options: dict | None = None, fast_path: bool = False, sampler: str = "default",
+                 repeated_aug: int = 1, mean=None, std=None,
                  **kwargs) -> None:  # fmt: skip
         if root is None or not str(root).strip():
             raise ConfigError("data.root is required for shards (a folder or URL written by scripts/make_shards.py)")
@@ -161,7 +171,8 @@ class ShardsDataModule(ClassificationDataModule):
             raise ConfigError(f"data.repeated_aug={repeated_aug!r} is not supported with data=shards (chunks are "
                               "streamed in order, not drawn per image); use data.repeated_aug=1")  # fmt: skip
         self.cache_dir = None if cache_dir is None else str(cache_dir)
-        self.index = read_index(str(root), self.cache_dir)
+        self.storage_options = _plain(storage_options)
+        self.index = read_index(str(root), self.cache_dir, self.storage_options)
         idx = self.index
         info = DatasetInfo(
             name=f"shards of {idx.get('source', 'data')}", num_classes=int(idx["num_classes"]),
@@ -177,7 +188,8 @@ class ShardsDataModule(ClassificationDataModule):
         """The class count of a data config whose ``num_classes`` is null: the shard index's (a URL
         root: its one small JSON file is fetched, as constructing the data module does)."""
         cache_dir = data.get("cache_dir")
-        return int(read_index(str(data.root), None if cache_dir is None else str(cache_dir))["num_classes"])
+        return int(read_index(str(data.root), None if cache_dir is None else str(cache_dir),
+                              _plain(data.get("storage_options")))["num_classes"])  # fmt: skip
 
     def check(self) -> None:
         if not is_url(self.root):  # a URL's chunks are checked by LitData as they download
@@ -198,9 +210,18 @@ class ShardsDataModule(ClassificationDataModule):
             return None
         cache = None if self.cache_dir is None else os.path.join(self.cache_dir, split)
         return ShardSplit(f"{self.root}/{split}", int(meta["count"]), mode="L" if self.channels == 1 else "RGB",
-                          cache_dir=cache)  # fmt: skip
+                          cache_dir=cache, storage_options=self.storage_options)  # fmt: skip
 
     def _sampler(self, ds: Dataset, *, train: bool, world: int, rank: int) -> ChunkSampler:
         split = ds.base.url.rsplit("/", 1)[1]
         return ChunkSampler(self.index["splits"][split]["chunk_sizes"], num_replicas=world, rank=rank,
                             shuffle=train and self.shuffle, seed=self.seed, pad=train)  # fmt: skip
+
+
+def _plain(options) -> dict | None:
+    """storage_options as a plain dict (a Hydra DictConfig is not what boto3 takes)."""
+    if options is None:
+        return None
+    from omegaconf import DictConfig, OmegaConf
+
+    return dict(OmegaConf.to_container(options, resolve=True)) if isinstance(options, DictConfig) else dict(options)
