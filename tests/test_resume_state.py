@@ -78,3 +78,29 @@ def test_datamodule_resumed_mid_epoch_yields_exactly_the_remaining_batches():
     assert len(rest) == len(whole_epoch) - 3
     assert all(torch.equal(a, b) for a, b in zip(rest, whole_epoch[3:]))
     assert len([y for _, y in loader]) == len(whole_epoch)  # the next epoch is whole again
+
+
+def test_resumed_loader_with_workers_reads_the_resumed_epochs_order():
+    """Lightning makes a resumed run's first iterator before its first ``set_epoch``, and a loader with
+    workers draws its indices right then: the training sampler must already stand at the resumed epoch."""
+    def module():
+        dm = DigitsDataModule(img_size=8, in_chans=1, num_classes=10, channels=1, batch_size=100, seed=7,
+                              fast_path=False, num_workers=1, augment=False)
+        dm.setup("fit")
+        return dm
+
+    first = module()
+    first.trainer = fake_trainer(epoch=1, processed=3, batches=13)
+    loader = first.train_dataloader()
+    loader.sampler.set_epoch(1)
+    whole_epoch = [x for x, _ in loader]
+
+    resumed = module()
+    resumed.trainer = fake_trainer(epoch=1)
+    resumed.load_state_dict(first.state_dict())
+    loader = resumed.train_dataloader()
+    batches = iter(loader)  # as Lightning's fit loop: the iterator first, then set_epoch
+    loader.sampler.set_epoch(1)
+    rest = [x for x, _ in batches]
+    assert len(rest) == len(whole_epoch) - 3
+    assert all(torch.equal(a, b) for a, b in zip(rest, whole_epoch[3:]))

@@ -347,6 +347,9 @@ class ClassificationDataModule(L.LightningDataModule):
         world, rank = rank_layout(self.trainer)
         sampler = self._sampler(ds, train=train, world=world, rank=rank)
         if train:
+            # the epoch it resumes in: with workers, the loader draws indices as soon as its iterator
+            # is made, which Lightning does before its first set_epoch of a resumed run
+            sampler.set_epoch(self.resume.epoch)
             sampler.skip = self.resume.take_offset(batch_size)
         if self.fast_path:
             # Main-process indexing is one tensor op per batch: workers would only add IPC.
