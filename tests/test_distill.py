@@ -160,6 +160,24 @@ def test_a_teacher_at_another_size_sees_the_batch_the_data_module_would_give_it(
     assert torch.equal(seen[0], F.interpolate(x, size=(12, 12), mode="bilinear", align_corners=False))
 
 
+class _OpensAFile:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):  # unpickling this calls open(path, "w"): the file appearing means code ran
+        return (open, (str(self.path), "w"))
+
+
+def test_a_pickled_teacher_weights_file_never_runs_code(tmp_path):
+    """A .pth teacher is read with torch.load(weights_only=True), whatever timm's load_state_dict defaults to
+    (False up to timm 1.0.24), and a file that needs code to load stops in one line naming it."""
+    marker, path = tmp_path / "pwned", tmp_path / "evil.pth"
+    torch.save({"fc.weight": _OpensAFile(marker)}, path)  # torch.load(weights_only=False) would call open()
+    with pytest.raises(ConfigError, match=r"module.distill.teacher=.*evil.pth.*cannot be read"):
+        load_teacher(str(path), num_classes=10, in_chans=1, arch="resnet10t")
+    assert not marker.exists()
+
+
 def test_timm_kwargs_reach_timm_and_must_be_plain_data():
     from vitpipe.models.timm_model import create_timm_model
 

@@ -2,7 +2,9 @@
 full disk, FSDP checkpoints. The subprocess runs are shared by a module fixture and run side by side.
 
 The uninterrupted, Ctrl-C'd and kill -9'd runs train the same tiny model for 2 epochs of 4 steps
-with ``last.ckpt`` also written every 3 steps (3, 4 = end of epoch 0, 6, 8). ``WaitAtStep`` holds a
+with ``last.ckpt`` also written every 3 steps (3, 4 = end of epoch 0, 6, 8), drawing from every
+global generator a real run draws from (``RANDOM``: drop path from torch's, mixup/cutmix from numpy's),
+so "the same weights as an uninterrupted run" holds only if a resume restores those streams too. ``WaitAtStep`` holds a
 run at a step until the test has signalled it from outside, so each signal lands at a known step.
 """
 
@@ -19,15 +21,14 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from test_scale import TINY, _last, _net  # the SIGTERM-resume test's settings and readers
+from test_scale import RANDOM, TINY, _last, _net  # the resume tests' settings and readers
 
 from vitpipe.cli import EXIT_DISK_FULL, run_cli
 from vitpipe.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = [*TINY, "logger=none", "trainer.max_epochs=2", "trainer.limit_train_batches=4", "data.batch_size=16",
-          "trainer.deterministic=true", "model.drop_path_rate=0.0",
-          "callbacks.model_checkpoint.last_every_n_train_steps=3"]
+          "trainer.deterministic=true", *RANDOM, "callbacks.model_checkpoint.last_every_n_train_steps=3"]
 UMASK = 0o027  # neither mkstemp's 0600 nor the usual 0644: the files must follow it
 
 
@@ -215,7 +216,7 @@ def test_ctrl_c_twice_stops_at_once_without_saving(cfg_factory, capsys):
 def test_full_disk_names_the_path_in_one_line_and_the_earlier_checkpoint_still_loads(runs, tmp_path):
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
-    size = (runs["full_dir"] / "checkpoints" / "last.ckpt").stat().st_size  # the same tiny model
+    size = (runs["full_dir"] / "checkpoints" / "last.ckpt").stat().st_size  # the same tiny model (RANDOM's depth)
     # room for epoch 0's best and last (2 checkpoints) and the run's small files, not for a third
     quota = 2 * size + 64 * 1024
     assert 3 * size > quota
@@ -226,7 +227,7 @@ def test_full_disk_names_the_path_in_one_line_and_the_earlier_checkpoint_still_l
     if m.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {m.stderr.strip()}")
     try:
-        r = _finish(_popen("debug=fast", "logger=none", "test=false", "trainer.max_epochs=2",
+        r = _finish(_popen("debug=fast", *RANDOM, "logger=none", "test=false", "trainer.max_epochs=2",
                            "callbacks.model_checkpoint.monitor=step", "callbacks.model_checkpoint.mode=min",
                            "callbacks.progress_bar.refresh_rate=1000", f"hydra.run.dir={mnt / 'run'}"))
         ckpts = mnt / "run" / "checkpoints"
@@ -280,42 +281,57 @@ def _not_resumable(record) -> list[str]:
     return [str(w.message) for w in record if NOT_RESUMABLE in str(w.message)]
 
 
-def test_step_checkpoint_resume_has_no_not_resumable_warning_and_stays_exact(cfg_factory, recwarn):
+def test_step_checkpoint_resume_has_no_not_resumable_warning_and_stays_exact(cfg_factory, recwarn, capsys):
     """Stopped by SIGTERM at step 5 (mid-way through epoch 1 of 4-step epochs) and resumed: vitpipe's
     data state starts the loader after the epoch's first batch, so Lightning's "not resumable ...
     unreliable results" is wrong there and not shown, and the weights equal an uninterrupted run's bit
-    for bit. The same checkpoint without vitpipe's data state keeps the warning."""
+    for bit. So do they stopped at step 4, the end of epoch 0: there the uninterrupted run makes the
+    next epoch's loader iterator after the save, the resumed one before restoring its generators.
+    The step-5 checkpoint without vitpipe's data state keeps the warning; without the random
+    generators' state the resumed run says in one line that its random streams start fresh."""
     quiet = ["callbacks.progress_bar.refresh_rate=1000", "callbacks.model_checkpoint.last_every_n_train_steps=null"]
     common = [*COMMON, *quiet]
     # each run directory is read at once: paths.output_dir resolves against the config composed last
     full = cfg_factory(*common, sub="full")
     full_dir = Path(full.paths.output_dir)
     train(full)
-    stopped = cfg_factory(*common, "+callbacks.kill._target_=vitpipe.lit.checkpointing.SignalAtStep",
-                          "+callbacks.kill.step=5", sub="stopped")
-    stopped_dir = Path(stopped.paths.output_dir)
-    with pytest.raises(SystemExit) as stop:
-        run_cli(train, stopped)
-    assert stop.value.code == 128 + signal.SIGTERM
-    step5 = stopped_dir / "checkpoints" / "last.ckpt"
-    saved = torch.load(step5, weights_only=True)
-    assert saved["global_step"] == 5 and saved["epoch"] == 1
-    assert saved["DigitsDataModule"]["batches_done_in_epoch"] == 1  # vitpipe's position in the epoch
+    final = _last(full_dir)
+    assert final["global_step"] == 8
+    for step in (5, 4):
+        stopped = cfg_factory(*common, "+callbacks.kill._target_=vitpipe.lit.checkpointing.SignalAtStep",
+                              f"+callbacks.kill.step={step}", sub=f"stopped{step}")
+        stopped_dir = Path(stopped.paths.output_dir)
+        with pytest.raises(SystemExit) as stop:
+            run_cli(train, stopped)
+        assert stop.value.code == 128 + signal.SIGTERM
+        ckpt = stopped_dir / "checkpoints" / "last.ckpt"
+        saved = torch.load(ckpt, weights_only=True)
+        assert saved["global_step"] == step and saved["epoch"] == 1
+        assert saved["DigitsDataModule"]["batches_done_in_epoch"] == step - 4  # vitpipe's position in the epoch
 
-    recwarn.clear()
-    resumed = cfg_factory(*common, f"ckpt_path={step5}", sub="resumed")
-    resumed_dir = Path(resumed.paths.output_dir)
-    train(resumed)
-    assert _not_resumable(recwarn) == []
-    a, b = _last(full_dir), _last(resumed_dir)
-    assert full_dir != resumed_dir and a["global_step"] == b["global_step"] == 8
-    assert _equal_weights(a, b) == []
+        recwarn.clear()
+        capsys.readouterr()
+        resumed = cfg_factory(*common, f"ckpt_path={ckpt}", sub=f"resumed{step}")
+        resumed_dir = Path(resumed.paths.output_dir)
+        train(resumed)
+        assert _not_resumable(recwarn) == [] and "start fresh" not in capsys.readouterr().out
+        assert resumed_dir != full_dir and _last(resumed_dir)["global_step"] == 8
+        assert _equal_weights(final, _last(resumed_dir)) == [], f"stopped at step {step}"
+        if step == 5:
+            step5 = saved
 
-    bare = stopped_dir / "no_data_state.ckpt"  # as from a data path without ResumeState
-    torch.save({k: v for k, v in saved.items() if k != "DigitsDataModule"}, bare)
+    bare = Path(cfg_factory(*common, sub="bare").paths.output_dir) / "no_data_state.ckpt"
+    bare.parent.mkdir(parents=True)
+    # as from a data path without ResumeState and an older vitpipe
+    torch.save({k: v for k, v in step5.items() if k not in ("DigitsDataModule", "rng_states")}, bare)
     recwarn.clear()
     train(cfg_factory(*common, f"ckpt_path={bare}", sub="bare"))
     assert len(_not_resumable(recwarn)) == 1
+    fresh = [line for line in capsys.readouterr().out.splitlines() if "start fresh" in line]
+    assert fresh == ["vitpipe: the checkpoint holds no random-generator state: the random streams (drop path, "
+                     "dropout, mixup) start fresh, so the run continues but not bit-identically to one that "
+                     "never stopped"]
+    assert _equal_weights(final, _last(bare.parent)) != []  # the streams did start elsewhere
 
 
 def test_resumed_cli_runs_print_no_not_resumable_warning(runs):

@@ -1,14 +1,18 @@
-"""Scale and sweeps: real 2-process DDP, multirun summaries, kill + resume, atomic checkpoints,
-compiled/DDP checkpoints loading into plain models, mixed precision, non-finite losses."""
+"""Scale and sweeps: real 2-process DDP (equal to one process; resumed mid-epoch exactly), multirun
+summaries, atomic checkpoints, compiled/DDP checkpoints loading into plain models, mixed precision,
+non-finite losses."""
 
 from __future__ import annotations
 
-import signal
+import json
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import lightning as L
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -19,13 +23,34 @@ from vitpipe.models.timm_compat import load_pretrained
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["debug=fast", "trainer.limit_val_batches=1", "test=false", "callbacks.model_checkpoint.monitor=null",
         "callbacks.model_checkpoint.save_top_k=0", "callbacks.progress_bar.refresh_rate=1000"]
+# a run that draws from the global generators, as real ones do: drop path (torch's; depth 2, since
+# the stochastic-depth rule gives the first block rate 0) and mixup/cutmix (numpy's)
+RANDOM = ["model.depth=2", "model.drop_path_rate=0.1", "module.mixup={mixup_alpha:0.8,cutmix_alpha:1.0}"]
 
 
 def _train_cli(*args, timeout=600, multirun=False, script="train.py", env=None):
+    return _finish(_start_cli(*args, multirun=multirun, script=script, env=env), timeout)
+
+
+def _start_cli(*args, multirun=False, script="train.py", env=None) -> subprocess.Popen:
     cmd = [sys.executable, str(ROOT / "scripts" / script), *(["-m"] if multirun else []), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-                               **(env or {})})
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", **(env or {})})
+
+
+def _finish(p: subprocess.Popen, timeout=600) -> subprocess.CompletedProcess:
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def _free_port() -> str:
+    with socket.socket() as s:  # each side-by-side DDP launch its own rendezvous port
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
 
 
 def _last(run_dir: Path) -> dict:
@@ -36,14 +61,53 @@ def _net(ckpt: dict) -> dict:
     return {k: v for k, v in ckpt["state_dict"].items() if k.startswith("net.")}
 
 
-def test_ddp_two_processes_equal_one_process_with_the_same_global_batch(tmp_path):
-    common = [*TINY, "trainer.max_epochs=1", "trainer.limit_train_batches=4", "data.shuffle=false",
-              "data.augment=false", "trainer.deterministic=true"]
-    ddp = _train_cli(*common, "trainer=ddp_cpu", "trainer.devices=2", "data.batch_size=8",
-                     f"hydra.run.dir={tmp_path / 'ddp'}")
+class RecordSampler(L.Callback):
+    """Writes ``<out>/rank<r>.json``: the class of this rank's training sampler, its epoch-0 indices
+    and the size of the training split (imported by the subprocess through PYTHONPATH=tests)."""
+
+    def __init__(self, out: str) -> None:
+        self.out = Path(out)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        sampler = trainer.train_dataloader.sampler
+        self.out.mkdir(parents=True, exist_ok=True)
+        record = {"sampler": type(sampler).__name__, "indices": list(sampler), "n": len(trainer.datamodule.data_train)}
+        (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory):
+    """The 2-process runs, started side by side (a DDP launch mostly waits while its second process
+    imports): DDP 2x8 and one process x16 without randomness, and an uninterrupted DDP run that draws
+    drop path and mixup/cutmix and keeps its step-8 checkpoint; then the run resumed from that one."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    plain = [*TINY, "trainer.max_epochs=1", "trainer.limit_train_batches=4", "data.shuffle=false",
+             "data.augment=false", "trainer.deterministic=true"]
+    stochastic = [*TINY, *RANDOM, "logger=none", "trainer=ddp_cpu", "trainer.devices=2", "trainer.max_epochs=2",
+                  "trainer.limit_train_batches=6", "data.batch_size=8", "trainer.deterministic=true"]
+    keep_step_8 = ["+callbacks.step8._target_=lightning.pytorch.callbacks.ModelCheckpoint",
+                   f"+callbacks.step8.dirpath={tmp / 'steps'}", "+callbacks.step8.every_n_train_steps=8",
+                   "+callbacks.step8.save_top_k=-1", "+callbacks.step8.filename='step_{step}'",
+                   "+callbacks.step8.auto_insert_metric_name=false"]
+    record = ["+callbacks.record._target_=test_scale.RecordSampler", f"+callbacks.record.out={tmp / 'ranks'}"]
+    started = {
+        "ddp": _start_cli(*plain, "trainer=ddp_cpu", "trainer.devices=2", "data.batch_size=8",
+                          f"hydra.run.dir={tmp / 'ddp'}", env={"MASTER_PORT": _free_port()}),
+        "one": _start_cli(*plain, "trainer=cpu", "data.batch_size=16", f"hydra.run.dir={tmp / 'one'}"),
+        "full": _start_cli(*stochastic, *keep_step_8, *record, f"hydra.run.dir={tmp / 'full'}",
+                           env={"PYTHONPATH": str(ROOT / "tests"), "MASTER_PORT": _free_port()}),
+    }
+    r = {"tmp": tmp, **{k: _finish(p) for k, p in started.items()}}
+    assert r["full"].returncode == 0, r["full"].stderr[-3000:]
+    r["step8"] = tmp / "steps" / "step_8.ckpt"
+    r["resumed"] = _train_cli(*stochastic, f"ckpt_path={r['step8']}", f"hydra.run.dir={tmp / 'resumed'}")
+    return r
+
+
+def test_ddp_two_processes_equal_one_process_with_the_same_global_batch(ddp_runs):
+    ddp, single, tmp_path = ddp_runs["ddp"], ddp_runs["one"], ddp_runs["tmp"]
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert "effective batch 16 = 8 per device x 2 device(s)" in ddp.stdout
-    single = _train_cli(*common, "trainer=cpu", "data.batch_size=16", f"hydra.run.dir={tmp_path / 'one'}")
     assert single.returncode == 0, single.stderr[-3000:]
     a, b = _last(tmp_path / "ddp"), _last(tmp_path / "one")
     assert a["global_step"] == b["global_step"] == 4
@@ -81,28 +145,27 @@ def test_multirun_of_three_jobs_writes_a_summary_row_per_job(tmp_path):
     assert rebuilt.returncode == 0 and (sweep / "summary.csv").read_text().strip().splitlines() == csv
 
 
-def test_sigterm_mid_epoch_then_resume_matches_an_uninterrupted_run(tmp_path):
-    common = [*TINY, "trainer.max_epochs=2", "trainer.limit_train_batches=6", "data.batch_size=16",
-              "trainer.deterministic=true", "model.drop_path_rate=0.0"]
-    full = _train_cli(*common, f"hydra.run.dir={tmp_path / 'full'}")
-    assert full.returncode == 0, full.stderr[-3000:]
-
-    logs = tmp_path / "logs"
-    killed = _train_cli(*common, f"paths.log_dir={logs}", f"hydra.run.dir={logs / 'debug' / 'runs' / 'a'}",
-                        "+callbacks.kill._target_=vitpipe.lit.checkpointing.SignalAtStep", "+callbacks.kill.step=8")
-    assert killed.returncode == 128 + signal.SIGTERM, killed.stderr[-3000:]
-    assert "ckpt_path=last" in killed.stderr
-    interrupted = _last(logs / "debug" / "runs" / "a")
-    assert interrupted["global_step"] == 8 and interrupted["epoch"] == 1  # mid-way through the second epoch
-
-    resumed = _train_cli(*common, f"paths.log_dir={logs}", f"hydra.run.dir={logs / 'debug' / 'runs' / 'b'}",
-                         "ckpt_path=last")
+def test_ddp_resume_from_a_mid_epoch_step_checkpoint_matches_an_uninterrupted_run(ddp_runs):
+    """2-process DDP, drop path and mixup/cutmix on: every rank draws from torch's and numpy's global
+    generators. The uninterrupted run kept its step-8 checkpoint (mid-way through epoch 1: what a
+    kill -9 right after that save leaves); resumed from it, the run ends with the same weights, bit for
+    bit. The same run recorded each rank's training sampler: vitpipe's own, the shards disjoint and
+    covering the split (Lightning did not put its DistributedSampler in its place)."""
+    tmp, resumed = ddp_runs["tmp"], ddp_runs["resumed"]
+    assert torch.load(ddp_runs["step8"], weights_only=True)["epoch"] == 1  # mid-way through the second epoch
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    a, b = _last(tmp_path / "full"), _last(logs / "debug" / "runs" / "b")
+    assert "at epoch 1, global step 8" in resumed.stdout and "start fresh" not in resumed.stdout + resumed.stderr
+    a, b = _last(tmp / "full"), _last(tmp / "resumed")
     assert a["global_step"] == b["global_step"] == 12
-    worst = max((a["state_dict"][k] - v).abs().max().item() for k, v in _net(b).items())
-    print(f"killed at step 8 + resumed vs uninterrupted: max |dw| = {worst:.2e}")
-    assert worst < 1e-6
+    wa, wb = _net(a), _net(b)
+    assert wa.keys() == wb.keys() and wa
+    assert [k for k in wa if not torch.equal(wa[k], wb[k])] == []
+
+    ranks = [json.loads((tmp / "ranks" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["sampler"] for r in ranks] == ["ShardedSampler"] * 2
+    n, (r0, r1) = ranks[0]["n"], (r["indices"] for r in ranks)
+    assert len(r0) == len(r1) == -(-n // 2) and sorted(set(r0) | set(r1)) == list(range(n))
+    assert len(set(r0) & set(r1)) == len(r0) + len(r1) - n  # only the padding repeats an image
 
 
 def test_atomic_checkpoint_write_survives_a_kill_during_save(tmp_path, monkeypatch):

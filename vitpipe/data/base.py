@@ -23,7 +23,7 @@ from vitpipe.data.erasing import random_erasing
 from vitpipe.data.workers import local_world_size, resolve_num_workers
 from vitpipe.data.fast import TensorImageDataset, identity_collate, random_crop, random_hflip, to_model_input
 from vitpipe.data.repeated import RepeatedAugSampler
-from vitpipe.data.resume import ResumeState
+from vitpipe.data.resume import ResumeState, loader_generator
 from vitpipe.data.sampler import ShardedSampler, rank_layout
 from vitpipe.data.splits import check_val_split, split_indices
 from vitpipe.data.subset import check_classes, select
@@ -351,14 +351,15 @@ class ClassificationDataModule(L.LightningDataModule):
             # is made, which Lightning does before its first set_epoch of a resumed run
             sampler.set_epoch(self.resume.epoch)
             sampler.skip = self.resume.take_offset(batch_size)
+        # its own generator: making an iterator draws nothing from torch's global one (resume.py)
+        generator = self.resume.loader_generator(rank) if train else loader_generator(self.seed, rank)
         if self.fast_path:
             # Main-process indexing is one tensor op per batch: workers would only add IPC.
-            return DataLoader(
-                ds, batch_size=batch_size, sampler=sampler, collate_fn=identity_collate, pin_memory=self.pin_memory
-            )
+            return DataLoader(ds, batch_size=batch_size, sampler=sampler, collate_fn=identity_collate,
+                              pin_memory=self.pin_memory, generator=generator)  # fmt: skip
         workers = resolve_num_workers(self.num_workers, local_world_size(self.trainer))
         return DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                          persistent_workers=workers > 0, pin_memory=self.pin_memory)  # fmt: skip
+                          persistent_workers=workers > 0, pin_memory=self.pin_memory, generator=generator)  # fmt: skip
 
     def _require(self, ds: Dataset | None, stage: str) -> Dataset:
         if ds is None:

@@ -12,8 +12,9 @@
 - ``PreemptionCheckpoint``: on SIGTERM (what schedulers send before killing a job) or Ctrl-C,
   Lightning finishes the current batch and raises ``SIGTERMException``; this callback then writes
   ``last.ckpt`` at that batch boundary (only while fitting), so ``ckpt_path=last`` continues from
-  the exact step. On resume it says where it continues and removes stale temporary files, and
-  hides Lightning's "dataloader is not resumable" warning where vitpipe's data state makes it wrong.
+  the exact step. Every checkpoint it is part of holds each rank's global random generators; on
+  resume it restores them, says where it continues, removes stale temporary files, and hides
+  Lightning's "dataloader is not resumable" warning where vitpipe's data state makes it wrong.
 - ``SignalAtStep``: sends a real signal to the own process at a given step, to rehearse a kill.
 """
 
@@ -44,7 +45,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
-from vitpipe.data.resume import restores_position
+from vitpipe.data.resume import RNG_KEY, rank_rng_state, restores_position, rng_state, set_rng_state
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 STALE_AFTER_S = 3600  # a temporary file of another host older than this is no save in progress
@@ -258,6 +259,13 @@ class PreemptionCheckpoint(L.Callback):
       ``vitpipe.cli`` turns into one line and the exit status 128 + signal.
     - Resume: prints the path, epoch and step it continues from; at start and on resume, removes
       the temporary files that killed saves left in the checkpoint directories.
+    - Random streams: every checkpoint gets ``rng_states``, the global generators (torch, CUDA,
+      numpy, Python) of every rank, gathered into the one file rank 0 writes (a collective, as
+      Lightning's saves are). A resumed fit gives each rank its own back in ``on_train_start``: after
+      everything the resume itself does (loading, setting up the loaders) and right before the
+      loop's next batch, the point where the saving run stood. Drop path, dropout and mixup then
+      draw what they would have drawn. A checkpoint without them (older, or another world size)
+      resumes with fresh streams and says so in one line.
     - A mid-epoch resume whose checkpoint holds the data module's ResumeState (the sampler skips the
       trained batches, augmentation is seeded by step: vitpipe.data.resume) continues exactly, so
       Lightning's "dataloader is not resumable ... unreliable results" is wrong there: it is ignored
@@ -271,12 +279,16 @@ class PreemptionCheckpoint(L.Callback):
         self._previous_sigint = _NOT_CAUGHT
         self._trainer: L.Trainer | None = None
         self._exact_resume = False  # set by on_load_checkpoint, consumed by on_train_start
+        self._rng_state: dict | None = None  # this rank's saved generators, restored in on_train_start
         self._quiet: warnings.catch_warnings | None = None
 
     # ---- Ctrl-C: installed after Lightning registers its SIGTERM handler (before on_*_start) ----
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._catch_sigint(trainer)
+        if self._rng_state is not None:
+            set_rng_state(self._rng_state)
+            self._rng_state = None
         if self._exact_resume and self._quiet is None:
             self._quiet = warnings.catch_warnings()
             self._quiet.__enter__()
@@ -353,6 +365,9 @@ class PreemptionCheckpoint(L.Callback):
 
     # ---- resume --------------------------------------------------------------------------------
 
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        checkpoint[RNG_KEY] = _rng_states_of_all_ranks(trainer)
+
     def on_fit_start(self, trainer, pl_module) -> None:
         if trainer.is_global_zero:
             dirs = {Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)}
@@ -363,6 +378,7 @@ class PreemptionCheckpoint(L.Callback):
         if trainer.state.fn != TrainerFn.FITTING:
             return
         self._exact_resume = restores_position(trainer.datamodule, checkpoint)
+        self._rng_state, fresh = rank_rng_state(checkpoint.get(RNG_KEY), trainer.global_rank, trainer.world_size)
         if not trainer.is_global_zero:
             return
         path = trainer.ckpt_path
@@ -370,6 +386,21 @@ class PreemptionCheckpoint(L.Callback):
             remove_stale_temp_files(Path(path).parent)  # the interrupted run's directory
         print(f"vitpipe: resuming from {path} at epoch {checkpoint.get('epoch')}, "
               f"global step {checkpoint.get('global_step')}", flush=True)
+        if fresh:
+            print(f"vitpipe: {fresh}: the random streams (drop path, dropout, mixup) start fresh, so the run "
+                  "continues but not bit-identically to one that never stopped", flush=True)
+
+
+def _rng_states_of_all_ranks(trainer) -> list[dict]:
+    """Every rank's ``rng_state()``, rank 0 first; a collective under DDP (every rank dumps the
+    checkpoint that rank 0 writes, as Lightning's ``save_checkpoint`` requires)."""
+    mine = rng_state()
+    dist = torch.distributed
+    if trainer.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return [mine]
+    states: list = [None] * trainer.world_size
+    dist.all_gather_object(states, mine)
+    return states
 
 
 def _checkpoint_dir(trainer) -> Path:

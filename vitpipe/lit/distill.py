@@ -108,7 +108,11 @@ def load_teacher(spec: str, *, num_classes: int, in_chans: int, arch: str | None
                               f"module.distill.arch (got {arch!r}), e.g. resnet18")
         teacher = timm.create_model(arch, num_classes=num_classes, in_chans=in_chans,
                                     **plain_kwargs(kwargs, "module.distill.kwargs"))  # fmt: skip
-        state = timm.models.load_state_dict(str(path))
+        try:  # weights_only spelled out: timm defaulted to False up to 1.0.24 (pickled code ran)
+            state = timm.models.load_state_dict(str(path), weights_only=True)
+        except Exception as err:  # a pickle that needs code to load, or a corrupt file
+            raise ConfigError(f"module.distill.teacher={spec} cannot be read as weights: {type(err).__name__}: "
+                              f"{str(err).splitlines()[0][:200]}") from None
         try:
             teacher.load_state_dict(state)
         except RuntimeError as err:

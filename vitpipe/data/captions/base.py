@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from vitpipe.data.resume import loader_generator
 from vitpipe.data.sampler import ShardedSampler, rank_layout
 from vitpipe.data.workers import local_world_size, resolve_num_workers
 from vitpipe.errors import ConfigError
@@ -132,7 +133,7 @@ class CaptionDataModule(L.LightningDataModule):
         return DataLoader(self._dataset(split), batch_size=self.batch_size if train else self.eval_batch_size,
                           sampler=sampler, drop_last=False, num_workers=workers,
                           collate_fn=CaptionCollate(self.tokenizer, self.max_len), pin_memory=self.pin_memory,
-                          persistent_workers=workers > 0)  # fmt: skip
+                          persistent_workers=workers > 0, generator=loader_generator(self.seed, rank))  # fmt: skip
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")
