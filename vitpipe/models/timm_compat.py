@@ -34,8 +34,6 @@ WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
 def vit_kwargs_from_timm(tm: nn.Module) -> dict:
     """ViT constructor kwargs equivalent to a timm ``VisionTransformer``; ValueError for features
     vitpipe does not have (attention pooling, pre-norm, ...)."""
-    from timm.layers import LayerScale
-
     eps = sorted({m.eps for m in tm.modules() if isinstance(m, nn.LayerNorm)} - {1e-6})  # vitpipe's norms: 1e-6
     unsupported = [
         name for name, on in [
@@ -66,7 +64,8 @@ def vit_kwargs_from_timm(tm: nn.Module) -> dict:
         class_token=tm.cls_token is not None,
         reg_tokens=tm.num_reg_tokens,
         pool="cls" if tm.global_pool == "token" else "mean",
-        init_values=1.0 if isinstance(blk.ls1, LayerScale) else None,  # the value itself is loaded
+        # a LayerScale has a gamma (timm <= 1.0.20 has its own class in vision_transformer.py, not timm.layers')
+        init_values=1.0 if hasattr(blk.ls1, "gamma") else None,  # the value itself is loaded
     )
 
 
@@ -104,8 +103,6 @@ def timm_kwargs(model: ViT) -> dict:
     """``VisionTransformer`` kwargs computing what ``model`` computes; ConfigError naming a part timm
     cannot express. Fixed sin-cos tables become timm's position table holding the fixed values
     (``no_embed_class``: prefix tokens get no position, as in vitpipe)."""
-    from timm.layers import LayerScale
-
     parts = []
     if not isinstance(model, ViT):
         parts.append(f"the network type {type(model).__name__} (only vitpipe's ViT maps to timm)")
@@ -127,7 +124,7 @@ def timm_kwargs(model: ViT) -> dict:
         num_classes=model.num_classes, embed_dim=model.dim, depth=len(model.blocks), num_heads=blk.attn.num_heads,
         mlp_ratio=blk.mlp.fc1.out_features / model.dim, qkv_bias=blk.attn.qkv.bias is not None,
         qk_norm=not isinstance(blk.attn.q_norm, nn.Identity),  # timm's LayerNorm, eps 1e-6 as vitpipe's
-        init_values=1.0 if isinstance(blk.ls1, LayerScale) else None,  # the scales themselves are loaded
+        init_values=1.0 if hasattr(blk.ls1, "gamma") else None,  # the scales themselves are loaded
         class_token=model.class_token, reg_tokens=model.num_prefix_tokens - int(model.class_token),
         global_pool="token" if model.pool == "cls" else "avg",
         pos_embed="none" if isinstance(model.pos_embed, NoPosEmbed) else "learn", no_embed_class=fixed,
