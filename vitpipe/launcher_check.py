@@ -49,6 +49,11 @@ def register_resolvers() -> None:
 
 
 def _slurm_problem(config: DictConfig) -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+        return ("hydra/launcher=slurm needs hydra-submitit-launcher, which is not installed; "
+                "pip install 'vitpipe[sweeps]' (or hydra-submitit-launcher)")
     if shutil.which("sbatch") is None:
         return ("hydra/launcher=slurm submits each job with SLURM's sbatch, which is not on PATH here; "
                 "run the command on a SLURM login node (or drop hydra/launcher=slurm to run the jobs here one by one)")
@@ -69,7 +74,7 @@ def _slurm_problem(config: DictConfig) -> str | None:
 def launcher_problem(config: DictConfig) -> str | None:
     """Why ``hydra.launcher`` cannot launch these jobs from here, or None."""
     target = str((config.hydra.get("launcher") or {}).get("_target_", ""))
-    if target.endswith("submitit_launcher.SlurmLauncher"):
+    if target.endswith(("submitit_launcher.SlurmLauncher", "vitpipe_slurm.launcher.SlurmLauncher")):
         return _slurm_problem(config)
     return None
 

@@ -7,29 +7,34 @@ import sys
 from pathlib import Path
 
 from hydra.core.utils import JobReturn, JobStatus
-from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
+
+try:  # the `sweeps` extra; without it Hydra's plugin scan must not warn on every command
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
+except ImportError:
+    SubmititSlurmLauncher = None
 
 
 class JobLost(RuntimeError):
     """A SLURM job that ended without a result."""
 
 
-class SlurmLauncher(SubmititSlurmLauncher):
-    def launch(self, job_overrides, initial_job_idx: int):
-        with _settled_results():
-            returns = super().launch(job_overrides, initial_job_idx)
-        lost = [r for r in returns if r.status == JobStatus.FAILED and isinstance(r._return_value, JobLost)]
-        if lost:
-            from vitpipe.sweep import write_summary
+if SubmititSlurmLauncher is not None:
+    class SlurmLauncher(SubmititSlurmLauncher):
+        def launch(self, job_overrides, initial_job_idx: int):
+            with _settled_results():
+                returns = super().launch(job_overrides, initial_job_idx)
+            lost = [r for r in returns if r.status == JobStatus.FAILED and isinstance(r._return_value, JobLost)]
+            if lost:
+                from vitpipe.sweep import write_summary
 
-            sweep_dir = Path(str(self.config.hydra.sweep.dir))
-            write_summary(sweep_dir, self.config.get("optimized_metric"))
-            for r in lost:
-                print(f"vitpipe: error: {r._return_value}", file=sys.stderr)
-            print(f"vitpipe: {len(returns) - len(lost)} of {len(returns)} job(s) finished; sweep summary in "
-                  f"{sweep_dir / 'summary.md'}", file=sys.stderr)
-            sys.exit(1)
-        return returns
+                sweep_dir = Path(str(self.config.hydra.sweep.dir))
+                write_summary(sweep_dir, self.config.get("optimized_metric"))
+                for r in lost:
+                    print(f"vitpipe: error: {r._return_value}", file=sys.stderr)
+                print(f"vitpipe: {len(returns) - len(lost)} of {len(returns)} job(s) finished; sweep summary in "
+                      f"{sweep_dir / 'summary.md'}", file=sys.stderr)
+                sys.exit(1)
+            return returns
 
 
 class _Settled:
