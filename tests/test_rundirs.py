@@ -131,25 +131,38 @@ def test_a_training_run_is_live_until_its_process_ends(tmp_path):
 def test_ckpt_path_auto_resumes_the_run_directorys_own_checkpoint_and_starts_fresh_without_one(cfg_factory, capsys):
     """The default ckpt_path=auto: a run directory without a checkpoint trains from step 0 and says so;
     the same directory run again (a requeued SLURM job, a rerun into a fixed hydra.run.dir) continues
-    from its last.ckpt; ckpt_path=null there is refused rather than writing a second run beside it."""
+    from its last.ckpt, also from one the pre-emption save wrote mid-epoch (Lightning's version counter
+    would have put the resumed run's state in last-v1.ckpt beside it); ckpt_path=null there is refused
+    rather than writing a second run beside it."""
+    import signal
+
     import torch
 
+    from vitpipe.cli import run_cli
     from vitpipe.train import train
 
     tiny = ["debug=fast", "logger=none", "test=false", "trainer.limit_val_batches=1",
             "callbacks.progress_bar.refresh_rate=1000", "trainer.limit_train_batches=2"]
-    cfg = cfg_factory(*tiny, "trainer.max_epochs=1")
+    cfg = cfg_factory(*tiny, "trainer.max_epochs=1", "+callbacks.kill._target_=vitpipe.lit.checkpointing.SignalAtStep",
+                      "+callbacks.kill.step=1")
     assert cfg.ckpt_path == "auto"
     last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
-    train(cfg)
+    with pytest.raises(SystemExit) as stop:  # SIGTERM after step 1 of 2: last.ckpt from the pre-emption save
+        run_cli(train, cfg)
+    assert stop.value.code == 128 + signal.SIGTERM
     out = capsys.readouterr().out
     assert f"ckpt_path=auto: no checkpoint in {cfg.paths.output_dir} yet; training from the start" in out
-    assert torch.load(last, weights_only=True)["global_step"] == 2
+    assert torch.load(last, weights_only=True)["global_step"] == 1
 
-    train(cfg_factory(*tiny, "trainer.max_epochs=2"))  # the same run directory, asked for one more epoch
+    train(cfg_factory(*tiny, "trainer.max_epochs=1"))  # the same run directory again, as a requeued job
     out = capsys.readouterr().out
     assert f"ckpt_path=auto: this run directory holds {last}; resuming from it" in out
-    assert f"resuming from {last} at epoch 0, global step 2" in out
+    assert f"resuming from {last} at epoch 0, global step 1" in out
+    assert torch.load(last, weights_only=True)["global_step"] == 2
+    assert sorted(p.name for p in last.parent.iterdir()) == ["epoch_000.ckpt", "last.ckpt"]
+
+    train(cfg_factory(*tiny, "trainer.max_epochs=2"))  # asked for one more epoch: from the end of epoch 0
+    assert f"resuming from {last} at epoch 0, global step 2" in capsys.readouterr().out
     assert torch.load(last, weights_only=True)["global_step"] == 4
 
     # ckpt_path=null into that directory would train afresh beside it (Lightning names the new files

@@ -168,6 +168,9 @@ def run_cli(fn, cfg):
         sys.exit(EXIT_NONFINITE)
     except SIGTERMException as e:
         print(stop_message(e), file=sys.stderr)
+        requeue = getattr(e, "vitpipe_requeue", None)
+        if requeue is not None:  # submitit's deferred handler (PreemptionCheckpoint): requeue, then exit
+            requeue()
         sys.exit(128 + getattr(e, "vitpipe_signal", signal.SIGTERM))  # what a job killed by it reports
     except (KeyboardInterrupt, SecondInterrupt) as e:  # Ctrl-C outside a Trainer stage, or pressed twice
         why = " (pressed twice: stopped at once)" if isinstance(e, SecondInterrupt) else ""
@@ -184,6 +187,9 @@ def run_cli(fn, cfg):
 def stop_message(e: SIGTERMException) -> str:
     name = signal.Signals(getattr(e, "vitpipe_signal", signal.SIGTERM)).name
     saved = getattr(e, "vitpipe_checkpoint", None)
+    if saved and getattr(e, "vitpipe_requeue", None) is not None:
+        return (f"vitpipe: stopped by {name} at global step {e.vitpipe_step}; saved {saved}: the requeued job "
+                "continues from it (ckpt_path=auto)")
     if saved:
         return (f"vitpipe: stopped by {name} at global step {e.vitpipe_step}; saved {saved}: "
                 f"rerun with ckpt_path=last (or ckpt_path={saved}) to continue")

@@ -74,7 +74,8 @@ def _train(cfg: DictConfig) -> dict[str, float]:
         if not loggers:  # logger=none: nothing to log a learning rate to (Lightning would refuse to start)
             callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
         callbacks.append(ConfigInCheckpoint(cfg))  # eval rebuilds the model from the checkpoint alone
-        trainer: L.Trainer = instantiate_checked(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
+        trainer: L.Trainer = instantiate_checked(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False,
+                                                 **slurm_plugins(cfg))
         apply_lr_scaling(cfg, trainer)  # needs the world size, which only the Trainer knows
         dm, net, module = build(cfg)
         ckpt_path = resume_path(cfg, net)
@@ -131,6 +132,21 @@ def own_checkpoint(run_dir) -> Path | None:
 @rank_zero_only
 def _say(line: str) -> None:
     print(line, flush=True)
+
+
+def slurm_plugins(cfg: DictConfig) -> dict:
+    """Inside a SLURM job: Lightning's SLURM environment (ranks from SLURM) without its auto-requeue.
+    That saves a checkpoint from inside its SIGUSR1 handler, mid-batch, into a file vitpipe never
+    resumes from; pre-emption here is submitit's requeue plus vitpipe's batch-boundary last.ckpt
+    (``PreemptionCheckpoint``) and ``ckpt_path=auto``."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    if not SLURMEnvironment.detect():
+        return {}
+    from hydra.utils import instantiate
+
+    plugins = [instantiate(p) for p in (cfg.trainer.get("plugins") or [])]
+    return {"plugins": [*plugins, SLURMEnvironment(auto_requeue=False)]}
 
 
 def _best_checkpoint(trainer: L.Trainer) -> str | None:

@@ -198,9 +198,15 @@ class BestAndLastCheckpoint(ModelCheckpoint):
     at the end of every training epoch and, with ``last_every_n_train_steps=N``, after every N-th
     optimizer step, whatever the monitored metric did. Lightning's own ``_save_last_checkpoint``
     writes it, so its bookkeeping (``last_model_path``, loggers) stays as Lightning keeps it.
+
+    No version counter: Lightning writes ``last-v1.ckpt`` when it finds a ``last.ckpt`` it did not
+    write itself, e.g. the one ``PreemptionCheckpoint`` saved before a requeue, which left the
+    resumed run's newest state beside a stale ``last.ckpt`` (a fresh run never shares its directory
+    with another: ``vitpipe.train`` refuses ``ckpt_path=null`` into a run directory with checkpoints).
     """
 
     def __init__(self, *args, last_every_n_train_steps: int | None = None, **kwargs) -> None:
+        kwargs.setdefault("enable_version_counter", False)
         super().__init__(*args, **kwargs)
         if self.save_last == "link":
             raise ValueError("save_last=link would point last.ckpt at an older checkpoint; use save_last=true")
@@ -254,6 +260,11 @@ class PreemptionCheckpoint(L.Callback):
     - SIGTERM while fitting: ``last.ckpt`` at the batch boundary (Lightning stops there).
     - Ctrl-C (SIGINT) is relayed as SIGTERM, so it stops the same way, on every DDP rank (Lightning
       broadcasts the stop); a second Ctrl-C stops at once without saving.
+    - SLURM through submitit (``hydra/launcher=slurm``): submitit's handler of its warning signal
+      (USR2, ``signal_delay_s`` before the time limit) requeues the job and exits at once, mid-batch,
+      saving nothing. It is deferred: the signal stops the run like SIGTERM (``last.ckpt`` at the
+      batch boundary), and ``vitpipe.cli`` then calls submitit's handler, which requeues the job with
+      the same config; ``ckpt_path=auto`` resumes it from that ``last.ckpt``.
     - The ``SIGTERMException`` that ends the run carries ``vitpipe_signal``, ``vitpipe_stage`` and
       ``vitpipe_checkpoint`` (the path written, or None: nothing is saved outside fit), which
       ``vitpipe.cli`` turns into one line and the exit status 128 + signal.
@@ -281,6 +292,7 @@ class PreemptionCheckpoint(L.Callback):
         self._exact_resume = False  # set by on_load_checkpoint, consumed by on_train_start
         self._rng_state: dict | None = None  # this rank's saved generators, restored in on_train_start
         self._quiet: warnings.catch_warnings | None = None
+        self._requeue = None  # submitit's handler of its requeue signal, deferred to after the save
 
     # ---- Ctrl-C: installed after Lightning registers its SIGTERM handler (before on_*_start) ----
 
@@ -324,8 +336,14 @@ class PreemptionCheckpoint(L.Callback):
             return
         self._signal, self._trainer = None, trainer
         self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+        if self._requeue is None and _is_submitit_requeue(signal.getsignal(SUBMITIT_SIGNAL)):
+            self._requeue = signal.signal(SUBMITIT_SIGNAL, self._on_requeue_signal)
 
     def _release_sigint(self) -> None:
+        if self._requeue is not None and self._signal != SUBMITIT_SIGNAL and \
+                threading.current_thread() is threading.main_thread():
+            signal.signal(SUBMITIT_SIGNAL, self._requeue)  # not signalled: submitit's handler as it was
+            self._requeue = None
         if self._previous_sigint is _NOT_CAUGHT:
             return
         previous = self._previous_sigint
@@ -345,6 +363,16 @@ class PreemptionCheckpoint(L.Callback):
                   "without saving)", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGTERM)  # Lightning's pre-emption path: batch boundary, all ranks
 
+    def _on_requeue_signal(self, signum, frame) -> None:
+        if self._signal is not None:
+            return  # already stopping
+        self._signal = signum
+        if self._trainer is None or self._trainer.is_global_zero:
+            print(f"\nvitpipe: {signal.Signals(signum).name} from SLURM (time limit or pre-emption ahead): stopping "
+                  "at the end of this batch, saving last.ckpt, then submitit requeues the job", file=sys.stderr,
+                  flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
     # ---- the stop ----------------------------------------------------------------------------
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
@@ -356,6 +384,10 @@ class PreemptionCheckpoint(L.Callback):
         exception.vitpipe_stage = trainer.state.fn.value if trainer.state.fn else "?"
         exception.vitpipe_checkpoint = None
         exception.vitpipe_step = trainer.global_step
+        if self._signal == SUBMITIT_SIGNAL and self._requeue is not None:
+            handler, self._requeue = self._requeue, None
+            signal.signal(SUBMITIT_SIGNAL, handler)
+            exception.vitpipe_requeue = lambda: handler(SUBMITIT_SIGNAL, None)  # vitpipe.cli calls it last
         if trainer.state.fn != TrainerFn.FITTING:
             return  # testing/validating: there is no training state to save
         path = _checkpoint_dir(trainer) / self.filename
@@ -389,6 +421,15 @@ class PreemptionCheckpoint(L.Callback):
         if fresh:
             print(f"vitpipe: {fresh}: the random streams (drop path, dropout, mixup) start fresh, so the run "
                   "continues but not bit-identically to one that never stopped", flush=True)
+
+
+SUBMITIT_SIGNAL = signal.SIGUSR2  # submitit's --signal (time limit / pre-emption warning)
+
+
+def _is_submitit_requeue(handler) -> bool:
+    """True for submitit's handler that requeues the job and exits (installed in every submitit job)."""
+    return getattr(handler, "__name__", "") == "checkpoint_and_try_requeue" and \
+        type(getattr(handler, "__self__", None)).__module__.startswith("submitit")
 
 
 def _rng_states_of_all_ranks(trainer) -> list[dict]:
