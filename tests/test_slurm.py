@@ -154,3 +154,68 @@ def test_a_cancelled_job_is_reported_and_the_other_jobs_finish(slurm, tmp_path):
     assert "1 of 2 job(s) finished" in err and "Traceback" not in err
     rows = (tmp_path / "sweep" / "summary.csv").read_text().splitlines()
     assert rows[1].endswith(",done") and rows[2].endswith(",cancelled"), rows
+
+
+# pre-emption: the job runs paced (0.4 s per step: long enough to be interrupted, the numbers unchanged)
+# with drop path and mixup/cutmix on, so an exact resume needs the random generators' state too
+RANDOM = ["model.depth=2", "model.drop_path_rate=0.1", "module.mixup={mixup_alpha:0.8,cutmix_alpha:1.0}"]
+LONG = ["trainer.max_epochs=1", "trainer.limit_train_batches=120", "data.batch_size=8", "trainer.deterministic=true",
+        *RANDOM]
+PACED = ["+callbacks.pace._target_=pace.Pace", "+callbacks.pace.seconds=0.4"]
+
+
+def _job_logs(sweep_dir: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in sorted((sweep_dir / ".submitit").glob("*/*_log.*")))
+
+
+def _restarts(slurm, job_id: str) -> int:
+    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, **slurm}).stdout
+    found = [int(w.split("=")[1]) for w in out.split() if w.startswith("Restarts=")]
+    return found[0] if found else -1
+
+
+def _assert_resumed_to_the_uninterrupted_weights(tmp_path, sweep_dir: Path) -> str:
+    logs = _job_logs(sweep_dir)
+    resumed = [ln for ln in logs.splitlines() if "vitpipe: resuming from" in ln]
+    assert len(resumed) >= 1 and "ckpt_path=auto: this run directory holds" in logs, logs[-4000:]
+    step = int(resumed[0].rsplit("global step", 1)[1])
+    assert 0 < step < 120, resumed
+    reference = local_run(tmp_path, "uninterrupted", *LONG)
+    a, b = weights(sweep_dir / "0"), weights(reference)
+    assert [k for k in a if not __import__("torch").equal(a[k], b[k])] == [], "not bit-identical"
+    return resumed[0]
+
+
+@pytest.mark.slurm
+def test_a_job_at_its_time_limit_saves_is_requeued_and_resumes_to_the_same_weights(slurm, tmp_path):
+    """timeout_min=1: SLURM sends submitit's USR2 15 s before the limit; vitpipe finishes the batch,
+    writes last.ckpt, then lets submitit requeue the job, which resumes with ckpt_path=auto."""
+    sweep_dir = tmp_path / "sweep"
+    r = sweep(slurm, tmp_path, *LONG, *PACED, "hydra.launcher.timeout_min=1", f"hydra.sweep.dir={sweep_dir}",
+              timeout=420)
+    assert r.returncode == 0, r.stderr[-3000:] + _job_logs(sweep_dir)[-3000:]
+    logs = _job_logs(sweep_dir)
+    assert "Caught signal SIGUSR2" in logs and "timed-out" in logs, logs[-3000:]
+    _assert_resumed_to_the_uninterrupted_weights(tmp_path, sweep_dir)
+
+
+@pytest.mark.slurm
+def test_scontrol_requeue_mid_run_resumes_to_the_same_weights(slurm, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep(slurm, tmp_path, *LONG, *PACED, f"hydra.sweep.dir={sweep_dir}", background=True)
+    try:
+        last = sweep_dir / "0" / "checkpoints"
+        deadline = time.time() + 180
+        while time.time() < deadline and not (sweep_dir.exists() and "ckpt_path=auto" in _job_logs(sweep_dir)):
+            time.sleep(1)
+        time.sleep(15)  # some steps into the epoch
+        (job,) = [j for j, s in squeue(slurm) if s == "RUNNING"]
+        subprocess.run(["scontrol", "requeue", job], env={**os.environ, **slurm}, check=True, timeout=30)
+        out, err = proc.communicate(timeout=420)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:] + _job_logs(sweep_dir)[-3000:]
+    assert _restarts(slurm, job) == 1
+    assert not last.joinpath("last-v1.ckpt").exists()
+    _assert_resumed_to_the_uninterrupted_weights(tmp_path, sweep_dir)
