@@ -67,7 +67,8 @@ SPECS: dict[str, Spec] = {
     "python -m pytest -q -m slow": Spec(skip="a test command: .ci/run runs the slow README commands"),
     "python -m pytest -q -m slow tests/test_benchmark.py": Spec(skip="a test command (27 min of training)"),
     "python -m pytest -q -m slow tests/test_readme_commands.py": Spec(skip="the test command of this file: .ci/run runs it"),
-    "aws s3 sync /data/imagenet-shards s3://bucket/imagenet-shards": Spec(skip="the AWS CLI, not a vitpipe command"),
+    "python scripts/make_shards.py data=imagefolder data.root=/data/imagenet out=s3://bucket/imagenet-shards": Spec(
+        fails=r"out=s3://bucket/imagenet-shards: no S3 credentials", quick=True),
     DEFAULT: Spec(append=S, quick=True, expect=("== vitpipe train: vit_nano on DigitsDataModule ==", "test/acc")),
     f"{TRAIN} model=vit_b16 data=cifar10": Spec(fails=HEADLINE_FAILS),
     f"{TRAIN} model=vit_s4 data=fashion_mnist": Spec(append=SB, needs_fmnist=True, expect=("FashionMNISTDataModule",)),
