@@ -67,6 +67,7 @@ SPECS: dict[str, Spec] = {
     "python -m pytest -q -m slow": Spec(skip="a test command: .ci/run runs the slow README commands"),
     "python -m pytest -q -m slow tests/test_benchmark.py": Spec(skip="a test command (27 min of training)"),
     "python -m pytest -q -m slow tests/test_readme_commands.py": Spec(skip="the test command of this file: .ci/run runs it"),
+    'python -m pytest -q -m "slurm or s3"': Spec(skip="a test command: .ci/run runs it after starting the services"),
     "python scripts/make_shards.py data=imagefolder data.root=/data/imagenet out=s3://bucket/imagenet-shards": Spec(
         fails=r"out=s3://bucket/imagenet-shards: no S3 credentials", quick=True),
     DEFAULT: Spec(append=S, quick=True, expect=("== vitpipe train: vit_nano on DigitsDataModule ==", "test/acc")),
