@@ -43,7 +43,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.data import DataLoader
 
 from vitpipe.bench import (MEMORY_METHOD, StepClock, StepMemory, flops_per_image, interleave_runs, interleave_steps,
-                           paired_ratio, peak_tflops, state_bytes, summarize, utilisation)
+                           paired_ratio, paired_repeat_ratio, peak_tflops, state_bytes, summarize, utilisation)
 from vitpipe.data.transforms import TransformedSubset
 from vitpipe.errors import ConfigError
 from vitpipe.lit.optim import build_optimizer
@@ -347,9 +347,11 @@ def compare_shards(cfg: BenchConfig, *, native_size: int = 96) -> dict:
         for dm in modules.values():
             dm.setup("fit")
         contenders = loader_throughput(cfg, {name: (dm.train_dataloader, lambda x: x) for name, dm in modules.items()})
-    ratio = contenders["shards"]["load"]["img_s"] / contenders["imagefolder"]["load"]["img_s"]
-    return {"contenders": contenders, "ratios": {"throughput shards/imagefolder": ratio}, "workers": cfg.workers,
-            "native_size": native_size}
+    shards, folder = contenders["shards"]["load"], contenders["imagefolder"]["load"]
+    ratios = {"throughput shards/imagefolder": shards["img_s"] / folder["img_s"],
+              "throughput shards/imagefolder (paired repeats)": paired_repeat_ratio(folder["per_repeat_step_s"],
+                                                                                     shards["per_repeat_step_s"])}
+    return {"contenders": contenders, "ratios": ratios, "workers": cfg.workers, "native_size": native_size}
 
 
 def compare_switches(cfg: BenchConfig) -> dict:

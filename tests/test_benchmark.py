@@ -14,7 +14,7 @@ import torch
 import torchvision
 from hydra.utils import instantiate
 
-from vitpipe.bench import StepMemory, flops_per_image, interleave_steps, paired_ratio, peak_tflops
+from vitpipe.bench import StepMemory, flops_per_image, interleave_steps, paired_ratio, paired_repeat_ratio, peak_tflops
 from vitpipe.data.fashion_mnist import DEBIAN_DIR
 from vitpipe.lit.distill import load_teacher
 from vitpipe.errors import ConfigError
@@ -63,6 +63,17 @@ def test_harness_runs_every_comparison_and_writes_the_schema(tmp_path):
     json.dumps(result)  # plain JSON types only
 
 
+def test_shards_comparison_reads_the_same_images_and_pairs_repeats():
+    result = run(BenchConfig(**{**TINY, "repeats": 2}), ("shards",))
+    res = result["results"]["shards"]
+    assert set(res["contenders"]) == {"imagefolder", "shards"}
+    for name in res["contenders"]:
+        assert len(res["contenders"][name]["load"]["per_repeat_step_s"]) == 2
+        assert res["contenders"][name]["load"]["timed_steps"] == 4
+    assert set(res["ratios"]) == {"throughput shards/imagefolder", "throughput shards/imagefolder (paired repeats)"}
+    assert all(math.isfinite(v) and v > 0 for v in res["ratios"].values())
+
+
 def test_cli_writes_json_and_rejects_bad_names(tmp_path, capsys):
     main = BENCH["main"]
     out = tmp_path / "r.json"
@@ -109,6 +120,10 @@ def test_interleaving_alternates_who_goes_first():
     assert calls == ["a", "b"] + ["a", "b", "b", "a"] * 2
     assert [len(r) for r in times["a"]] == [2, 2]
     assert paired_ratio([[2.0, 4.0, 6.0]], [[1.0, 1.0, 2.0]]) == 3.0
+    # repeat by repeat: a load spike in repeat 2 slows both contenders and cancels in their ratio
+    assert paired_repeat_ratio([1.0, 10.0, 1.2], [0.5, 5.0, 1.0]) == 2.0
+    with pytest.raises(ValueError):
+        paired_repeat_ratio([1.0, 2.0], [1.0])
 
 
 def test_cpu_step_memory_counts_what_the_step_allocates():

@@ -117,6 +117,31 @@ def test_in_memory_data_round_trips_as_lossless_png_with_the_datamodules_own_spl
         assert label == int(labels[j]) and np.array_equal(np.asarray(image), images[j, 0].numpy())
 
 
+def test_a_shuffled_epoch_deserialises_each_stored_item_once(tmp_path, monkeypatch):
+    """Reading in ChunkSampler's order (random inside a chunk) decodes only the items read: LitData's
+    default decode window deserialised up to 256 neighbours per read and kept one (shards at 0.58x of
+    the same JPEGs from a folder in scripts/benchmark.py --only shards)."""
+    from litdata.streaming import serializers
+
+    dm = DigitsDataModule(img_size=8, in_chans=1, num_classes=10, channels=1, val_split=0.1, seed=3)
+    index = make_shards(dm, str(tmp_path / "sh"), shard_size="64MB")
+    meta = index["splits"]["train"]
+    assert len(meta["chunk_sizes"]) == 1 and meta["count"] > 1000  # one chunk: a window would span many reads
+    shard = ShardSplit(str(tmp_path / "sh" / "train"), meta["count"], mode="L")
+    order = list(ChunkSampler(meta["chunk_sizes"], seed=0, pad=False))
+    decoded = collections.Counter()
+    real = serializers.BytesSerializer.deserialize
+
+    def counting(self, data):
+        decoded["bytes"] += 1
+        return real(self, data)
+
+    monkeypatch.setattr(serializers.BytesSerializer, "deserialize", counting)
+    items = [shard.item(i) for i in order[:300]]
+    assert decoded["bytes"] == 300  # one image leaf per item read, none for its neighbours
+    assert len({it["source_index"] for it in items}) == 300
+
+
 def test_an_interrupted_conversion_is_redone_and_complete_splits_are_kept(id_shards, tmp_path, monkeypatch, capsys):
     import vitpipe.data.make_shards as ms
 

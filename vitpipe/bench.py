@@ -90,6 +90,13 @@ def paired_ratio(a: list[list[float]], b: list[list[float]]) -> float:
     return statistics.median(x / y for ra, rb in zip(a, b) for x, y in zip(ra, rb))
 
 
+def paired_repeat_ratio(a: list[float], b: list[float]) -> float:
+    """Median over repeats of ``a[r] / b[r]`` (per-repeat step times, ``summarize``'s
+    ``per_repeat_step_s``): ``interleave_runs`` runs a repeat's contenders back to back, so each pair
+    saw nearly the same load, which on a shared machine drifts more between repeats than within one."""
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
+
 # --------------------------------------------------------------------------- memory
 
 MEMORY_METHOD = {

@@ -13,6 +13,7 @@ standard torchvision path; ``vitpipe.data.transforms``).
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import os
@@ -96,7 +97,8 @@ class ShardSplit(Dataset):
         if self._stream is None:
             from litdata import StreamingDataset
 
-            self._stream = StreamingDataset(self.url, cache_dir=self.cache_dir, storage_options=self.storage_options)
+            self._stream = StreamingDataset(self.url, cache_dir=self.cache_dir, storage_options=self.storage_options,
+                                            **_per_item_decode(StreamingDataset))
         return self._stream[int(i)]
 
     def __getitem__(self, i: int):
@@ -105,6 +107,19 @@ class ShardSplit(Dataset):
 
     def __getstate__(self) -> dict:  # workers open their own reader
         return {**self.__dict__, "_stream": None}
+
+
+def _per_item_decode(streaming_dataset) -> dict:
+    """StreamingDataset's option to deserialise only the item asked for, where the release has it.
+
+    From LitData 0.2.76 (older releases have no decode window) its ``batch_decode="auto"`` decodes an
+    aligned window of up to 256 items around each read and keeps only that window; ChunkSampler's
+    random order inside a chunk lands in another window almost every read, so each image cost
+    ~350 us of Python deserialisation of 255 neighbours (~5 us per item alone), which made shards
+    read at 0.58x of the same JPEG files from a folder (``scripts/benchmark.py --only shards``).
+    """
+    params = inspect.signature(streaming_dataset.__init__).parameters
+    return {"batch_decode": 0} if "batch_decode" in params else {}
 
 
 class ChunkSampler(ShardedSampler):
