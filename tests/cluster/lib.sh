@@ -31,3 +31,20 @@ stop_pidfile() {  # stop_pidfile PIDFILE: TERM the recorded process, KILL it aft
   fi
   rm -f "$1"
 }
+
+install_missing() {  # install_missing "CMD ..." PKG ...: apt-get install PKGs (as root) when a CMD is missing
+  local cmds="$1" missing=() cmd
+  shift
+  for cmd in $cmds; do command -v "$cmd" >/dev/null || missing+=("$cmd"); done
+  [ "${#missing[@]}" = 0 ] && return 0
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    log "missing ${missing[*]}; installing needs root and apt-get"
+    return 3
+  fi
+  log "installing $*"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@") \
+    >"$DIR/log/apt.log" 2>&1 || {
+    log "apt-get install failed: $DIR/log/apt.log"
+    return 3
+  }
+}

@@ -23,21 +23,7 @@ log() { echo "s3.sh: $*" >&2; }
 source "$(dirname "$0")/lib.sh"
 
 install() {
-  local missing=()
-  for cmd in ceph-mon ceph-osd radosgw radosgw-admin monmaptool openssl; do
-    command -v "$cmd" >/dev/null || missing+=("$cmd")
-  done
-  [ "${#missing[@]}" = 0 ] && return 0
-  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
-    log "missing ${missing[*]}; installing needs root and apt-get"
-    return 3
-  fi
-  log "installing ceph-mon ceph-osd radosgw"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    ceph-mon ceph-osd radosgw openssl) >"$DIR/log/apt.log" 2>&1 || {
-    log "apt-get install failed: $DIR/log/apt.log"
-    return 3
-  }
+  install_missing "ceph-mon ceph-osd radosgw radosgw-admin monmaptool openssl" ceph-mon ceph-osd radosgw openssl
 }
 
 certificate() {  # a CA and a server certificate it signs (rustls, under LitData's obstore, refuses a CA as server)

@@ -22,21 +22,7 @@ log() { echo "slurm.sh: $*" >&2; }
 source "$(dirname "$0")/lib.sh"
 
 install() {
-  local missing=()
-  for cmd in slurmctld slurmd slurmdbd sbatch sacct munged mariadbd; do
-    command -v "$cmd" >/dev/null || missing+=("$cmd")
-  done
-  [ "${#missing[@]}" = 0 ] && return 0
-  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
-    log "missing ${missing[*]}; installing needs root and apt-get"
-    return 3
-  fi
-  log "installing slurm-wlm munge slurmdbd mariadb-server"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    slurm-wlm munge slurmdbd mariadb-server) >"$DIR/log/apt.log" 2>&1 || {
-    log "apt-get install failed: $DIR/log/apt.log"
-    return 3
-  }
+  install_missing "slurmctld slurmd slurmdbd sbatch sacct munged mariadbd" slurm-wlm munge slurmdbd mariadb-server
 }
 
 configure() {
