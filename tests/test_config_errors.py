@@ -198,6 +198,17 @@ def test_every_script_reports_an_unknown_key_in_one_line(script, monkeypatch, ca
         "vitpipe: error: task_namex is not a key of the config; did you mean task_name? (valid: "), err
 
 
+@pytest.mark.parametrize("local_rank, lines", [("0", 1), ("1", 0), ("3", 0)])
+def test_a_mistake_under_torchrun_is_printed_by_local_rank_0_only(local_rank, lines, monkeypatch, capsys):
+    # four ranks writing the same line at once interleave it into garbage; every rank exits 2
+    monkeypatch.setenv("LOCAL_RANK", local_rank)
+    monkeypatch.setattr("sys.argv", ["train.py", "task_namex=1"])
+    with pytest.raises(SystemExit) as stop:
+        _script_main("train")()
+    assert stop.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == lines
+
+
 @pytest.mark.parametrize("argv, message", [
     (["model=vit_b61"], "model=vit_b61 is not an option of model; did you mean model=vit_b16? (valid: captioner, "),
     (["-m", "model=vit_nano,vit_b61"], None),  # the first job composes; Hydra reports the later one itself

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import re
 import signal
 import sys
@@ -44,7 +45,7 @@ def hydra_main(config_path: str, config_name: str):
                 conf = Path(inspect.getfile(task)).resolve().parent / config_path  # as Hydra finds it
                 mistake = command_line_mistake(conf, config_name, sys.argv[1:])
                 if mistake:
-                    print(f"vitpipe: error: {mistake}", file=sys.stderr)
+                    say_once(f"vitpipe: error: {mistake}")
                     sys.exit(EXIT_CONFIG)
             return run(cfg)
 
@@ -157,11 +158,19 @@ def _unknown_option(e, overrides: list[str], loader) -> str | None:
     return f"{group}={option} is not an option of {group}" + did_you_mean(option, options, f"{group}=")
 
 
+def say_once(line: str) -> None:
+    """Print a line every process of a launch would print alike (a configuration mistake) once per
+    machine: under torchrun or ``srun`` only local rank 0 prints it, so four ranks' writes cannot
+    interleave into one garbled line; the others exit with the same status, silently."""
+    if int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) or 0) == 0:
+        print(line, file=sys.stderr, flush=True)
+
+
 def run_cli(fn, cfg):
     try:
         return fn(cfg)
     except (ConfigError, MissingMandatoryValue, InterpolationResolutionError) as e:
-        print(f"vitpipe: error: {e}", file=sys.stderr)
+        say_once(f"vitpipe: error: {e}")
         sys.exit(EXIT_CONFIG)
     except NonFiniteLossError as e:
         print(f"vitpipe: stopped: {e}", file=sys.stderr)
