@@ -1,7 +1,7 @@
 """Export a classifier: `python scripts/export.py ckpt_path=<ckpt or run dir> format=timm|onnx out=<dir or .onnx>`."""
 
-from vitpipe.cli import hydra_main, run_cli
-from vitpipe.export import export
+from vitpipe.tasks.cli import hydra_main, run_cli
+from vitpipe.tasks.export import export
 
 
 @hydra_main(config_path="../conf", config_name="export")

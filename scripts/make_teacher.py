@@ -1,75 +1,8 @@
-"""A trained run's network as a distillation teacher file: weights only, in safetensors (data, no code).
+"""A trained run's network as a distillation teacher file (body: vitpipe/tasks/make_teacher.py)."""
 
-    python scripts/train.py experiment=fmnist_teacher
-    python scripts/make_teacher.py logs/fmnist_teacher/runs/<time> conf/teachers/fmnist_resnet10t.safetensors
+import sys
 
-The run (a run directory: its best checkpoint, or a .ckpt file) must hold a timm model
-(``model=timm``); the file is then loaded as ``module.distill.teacher=<file>
-module.distill.arch=<timm name> module.distill.kwargs=<the run's model.kwargs>
-module.distill.img_size=<the run's model.img_size>`` (the script prints the line). After writing,
-the file is loaded back the way training loads a teacher (``vitpipe.lit.distill.load_teacher``)
-and must give the checkpoint's logits.
-"""
-
-from __future__ import annotations
-
-import argparse
-import json
-from pathlib import Path
-
-import torch
-from safetensors.torch import save_file
-
-from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
-from vitpipe.errors import ConfigError
-from vitpipe.lit.distill import load_teacher
-
-
-def make_teacher(run: str, out: str) -> Path:
-    ckpt = resolve_ckpt_path(run, log_dir="logs", which="best")
-    checkpoint = load_checkpoint(ckpt)
-    model = checkpoint["vitpipe_config"]["model"]
-    arch = model.get("name")
-    if not arch or "timm_model" not in model.get("_target_", ""):  # before building anything
-        raise ConfigError(f"{ckpt} holds no timm model (model=timm): a teacher file needs a timm architecture")
-    kwargs = dict(model.get("kwargs") or {})
-    net = rebuild(checkpoint, ckpt).net.eval()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(out),
-              metadata={"arch": arch, "kwargs": json.dumps(kwargs), "img_size": json.dumps(list(net.img_size)),
-                        "source": str(ckpt)})  # fmt: skip
-    teacher = load_teacher(str(out), num_classes=net.num_classes, in_chans=net.in_chans, arch=arch, kwargs=kwargs,
-                           img_size=net.img_size)  # fmt: skip
-    x = torch.randn(4, net.in_chans, *net.img_size)
-    with torch.no_grad():
-        diff = (teacher(x) - net(x)).abs().max().item()
-    if diff > 1e-5:
-        raise RuntimeError(f"{out} reloads with logits {diff:.3g} away from {ckpt}")
-    size = out.stat().st_size / 2**20
-
-    def compact(v) -> str:  # one shell word, as Hydra parses it; a string's own spaces stay
-        return json.dumps(v, separators=(",", ":"))
-
-    hydra_kwargs = ",".join(f"{k}:{compact(v)}" for k, v in kwargs.items())
-    h, w = net.img_size
-    print(f"vitpipe: teacher {arch} from {ckpt} -> {out} ({size:.2f} MB; reloaded, logits within {diff:.1g});\n"
-          f"  use it: module.distill.teacher={out} module.distill.arch={arch}"
-          + (f" 'module.distill.kwargs={{{hydra_kwargs}}}'" if kwargs else "")
-          + f" module.distill.img_size={h if h == w else compact([h, w])}")
-    return out
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", help="a run directory (its best checkpoint) or a .ckpt file")
-    parser.add_argument("out", help="the .safetensors file to write")
-    args = parser.parse_args(argv)
-    try:
-        make_teacher(args.run, args.out)
-    except ConfigError as err:  # one line, as the other scripts print it
-        raise SystemExit(f"vitpipe: error: {err}") from None
-
+from vitpipe.tasks.make_teacher import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,7 +1,7 @@
 """Train (and test) a ViT: `python scripts/train.py [group=option ...] [key=value ...]`."""
 
-from vitpipe.cli import hydra_main, run_cli
-from vitpipe.train import train
+from vitpipe.tasks.cli import hydra_main, run_cli
+from vitpipe.tasks.train import train
 
 
 @hydra_main(config_path="../conf", config_name="train")

@@ -12,7 +12,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-import vitpipe.config  # noqa: F401  (registers the auto_precision resolver)
+import vitpipe.config.build  # noqa: F401  (registers the auto_precision resolver)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

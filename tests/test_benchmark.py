@@ -1,11 +1,11 @@
-"""The benchmark (scripts/benchmark.py, its tools in vitpipe.bench) and the experiment recipes."""
+"""The benchmark (scripts/benchmark.py, its tools in vitpipe.tasks.bench) and the experiment recipes."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import pickle
-import runpy
 from pathlib import Path
 
 import numpy as np
@@ -14,16 +14,23 @@ import torch
 import torchvision
 from hydra.utils import instantiate
 
-from vitpipe.bench import StepMemory, flops_per_image, interleave_steps, paired_ratio, paired_repeat_ratio, peak_tflops
 from vitpipe.data.fashion_mnist import DEBIAN_DIR
-from vitpipe.lit.distill import load_teacher
 from vitpipe.errors import ConfigError
+from vitpipe.lit.distill import load_teacher
 from vitpipe.nn.patch_embed import ConvStem
 from vitpipe.nn.pos_embed import SinCos2DPosEmbed
-from vitpipe.train import build, train
+from vitpipe.tasks.bench import (
+    StepMemory,
+    flops_per_image,
+    interleave_steps,
+    paired_ratio,
+    paired_repeat_ratio,
+    peak_tflops,
+)
+from vitpipe.tasks.train import build, train
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = runpy.run_path(str(ROOT / "scripts" / "benchmark.py"), run_name="benchmark")  # the harness lives in the script
+BENCH = vars(importlib.import_module("vitpipe.tasks.benchmark"))  # scripts/benchmark.py is its thin wrapper
 SCHEMA, BenchConfig, format_table, run = (BENCH[k] for k in ("SCHEMA", "BenchConfig", "format_table", "run"))
 build_pair, random_batch, train_step, max_logit_diff = (BENCH[k] for k in ("build_pair", "random_batch", "train_step",
                                                                           "max_logit_diff"))
@@ -190,7 +197,7 @@ def test_fmnist_recipe_reproduces_its_reported_accuracy(cfg_factory):
     # the whole recipe at its default seed (42), as the README measures it (about 26 minutes on 2 idle
     # cores), then its second command; CPUs differ in the last bits, so the bar is the seed-to-seed
     # spread, not equality
-    from vitpipe.evaluate import evaluate
+    from vitpipe.tasks.evaluate import evaluate
 
     cfg = cfg_factory("experiment=fmnist_vit", "callbacks.progress_bar.refresh_rate=0")
     metrics = train(cfg)

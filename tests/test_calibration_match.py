@@ -16,23 +16,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny_checkpoints as tc
 import torch
+from conftest import make_cfg
 from PIL import Image
 from sklearn.datasets import load_digits
 
-import tiny_checkpoints as tc
-from conftest import make_cfg
-from vitpipe.checkpoint import load_checkpoint, rebuild
 from vitpipe.data.images import open_image
-from vitpipe.preprocess import Preprocess
+from vitpipe.data.preprocess import Preprocess
+from vitpipe.run.checkpoint import load_checkpoint, rebuild
 
 
 def test_eval_and_predict_compose_tta_then_temperature_identically():
     """softmax(log(mean of the two views' softmax) / T): the temperature eval fits on TTA-averaged
     validation logits is applied to TTA-averaged logits in predict too."""
     from vitpipe import create_model
-    from vitpipe.predict import class_probs
     from vitpipe.report.evaluation import at_test_time
+    from vitpipe.tasks.predict import class_probs
 
     torch.manual_seed(0)
     net = create_model("vit_micro", num_classes=5, depth=1, img_size=16, patch_size=4).eval()
@@ -57,7 +57,7 @@ def test_eval_and_predict_compose_tta_then_temperature_identically():
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
     """A copy of the tiny trained run, its best checkpoint calibrated with tta=hflip; digit PNGs."""
-    from vitpipe.evaluate import evaluate
+    from vitpipe.tasks.evaluate import evaluate
 
     base = tmp_path_factory.mktemp("calibrated")
     run = base / "run"
@@ -77,7 +77,7 @@ def calibrated(tmp_path_factory):
 
 
 def _predict(tmp_path: Path, ckpt: Path, images: Path, *overrides: str) -> list[dict]:
-    from vitpipe.predict import predict
+    from vitpipe.tasks.predict import predict
 
     cfg = make_cfg(tmp_path, [f"ckpt_path={ckpt}", f"images={images}", f"out={tmp_path / 'p.csv'}", "device=cpu",
                               "topk=10", *overrides], config_name="predict")

@@ -233,7 +233,7 @@ def test_coco_missing_or_bad_files_raise_config_error(tmp_path):
 
 
 def test_coco_config_composes_and_builds_on_a_written_folder(cfg_factory, tmp_path):
-    from vitpipe.train import build
+    from vitpipe.tasks.train import build
 
     splits = write_coco(tmp_path / "coco")
     cfg = cfg_factory("experiment=caption_shapes", "data=coco_captions", "debug=fast", f"data.root={tmp_path / 'coco'}",

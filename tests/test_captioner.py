@@ -307,8 +307,8 @@ def test_caption_experiment_trains_scores_and_checkpoints_its_tokenizer(cfg_fact
     import lightning as L
 
     from vitpipe.lit.captioner import CaptionModule, load_tokenizer
+    from vitpipe.tasks.train import build, train
     from vitpipe.text import WordTokenizer
-    from vitpipe.train import build, train
 
     cfg = cfg_factory("experiment=caption_shapes", "debug=fast", f"model.decoder={decoder}", "data.num_train=64",
                       "data.num_val=16", "data.num_test=16", "module.beam_size=2")
@@ -333,12 +333,12 @@ def test_caption_experiment_trains_scores_and_checkpoints_its_tokenizer(cfg_fact
 
 
 def test_caption_nan_loss_stops_with_the_one_line_error_naming_the_step(cfg_factory):
-    """The captioner shares the classifier's guard: NonFiniteLossError (vitpipe.cli prints it as one
+    """The captioner shares the classifier's guard: NonFiniteLossError (vitpipe.tasks.cli prints it as one
     line, exit 3), not a bare FloatingPointError traceback."""
     from hydra.utils import instantiate
 
     from vitpipe.lit.classifier import NonFiniteLossError
-    from vitpipe.train import build
+    from vitpipe.tasks.train import build
 
     cfg = cfg_factory("experiment=caption_shapes", "debug=fast", "data.num_train=32", "data.num_val=4",
                       "data.num_test=4", "trainer.limit_train_batches=2")

@@ -1,4 +1,4 @@
-"""vitpipe.checkpoint: which file ckpt_path means, reading files as data, rebuilding a run safely.
+"""vitpipe.run.checkpoint: which file ckpt_path means, reading files as data, rebuilding a run safely.
 
 One tiny checkpoint is trained once per session (lr_scaling factor 2, an EMA); hostile and broken
 variants are written from it. Everything runs in-process except the one CLI test."""
@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import make_cfg
 from hydra.utils import get_method
 from omegaconf import OmegaConf
 
-from conftest import make_cfg
-from vitpipe.checkpoint import ALLOWED_TARGETS, Rebuilt, load_checkpoint, rebuild, resolve_ckpt_path
 from vitpipe.errors import ConfigError
+from vitpipe.run.checkpoint import ALLOWED_TARGETS, Rebuilt, load_checkpoint, rebuild
+from vitpipe.run.paths import resolve_ckpt_path
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH, BASE = 16, 8  # debug=fast's batch; lr_scaling base: linear factor 2
@@ -28,7 +29,7 @@ BATCH, BASE = 16, 8  # debug=fast's batch; lr_scaling base: linear factor 2
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory):
     """(run dir, best checkpoint path, its dict, train metrics, the unscaled lr)."""
-    from vitpipe.train import train
+    from vitpipe.tasks.train import train
 
     tmp = tmp_path_factory.mktemp("ckpt")
     cfg = make_cfg(tmp, ["debug=fast", "logger=none", "trainer.limit_test_batches=null", "module.ema_decay=0.5",
@@ -227,8 +228,8 @@ def _hostile(ckpt: dict, marker: Path) -> dict[str, tuple[dict, str]]:
 
 @pytest.mark.parametrize("variant", ["model", "nested optimizer", "generic importer", "interpolation", "_args_"])
 def test_hostile_stored_config_is_refused_by_every_loader(trained, tmp_path, variant):
-    from vitpipe.evaluate import evaluate
-    from vitpipe.viz.visualize import visualize
+    from vitpipe.tasks.evaluate import evaluate
+    from vitpipe.tasks.visualize import visualize
 
     _, _, ckpt, *_ = trained
     marker = tmp_path / "marker"
@@ -255,7 +256,7 @@ def test_hostile_stored_config_is_refused_by_every_loader(trained, tmp_path, var
 def test_eval_reads_once_ignores_the_files_paths_and_reproduces_the_test(trained, tmp_path, monkeypatch):
     """The stored config points output, logs, checkpoints and data elsewhere: eval writes only under its
     own run dir, reads the checkpoint once, and scores what training's own test scored."""
-    from vitpipe.evaluate import evaluate
+    from vitpipe.tasks.evaluate import evaluate
 
     _, _, ckpt, metrics, _ = trained
     elsewhere = tmp_path / "elsewhere"
@@ -283,7 +284,7 @@ def test_eval_reads_once_ignores_the_files_paths_and_reproduces_the_test(trained
 
 
 def test_eval_with_other_data_names_the_class_counts(trained, tmp_path):
-    from vitpipe.evaluate import evaluate
+    from vitpipe.tasks.evaluate import evaluate
 
     _, best, *_ = trained
     with pytest.raises(ConfigError) as err:

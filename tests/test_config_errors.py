@@ -9,13 +9,13 @@ import lightning
 import pytest
 import torch
 from omegaconf import OmegaConf, open_dict
-
 from test_scale import _train_cli
-from vitpipe.cli import run_cli
-from vitpipe.config import check_config
+
+from vitpipe.config.build import check_config
 from vitpipe.errors import ConfigError
 from vitpipe.models.registry import VARIANTS
 from vitpipe.models.vit import ViT
+from vitpipe.tasks.cli import run_cli
 
 MISTAKES = [  # (override, what the one line must say)
     ("module.optimizer.lr=-1", "module.optimizer.lr=-1 must be a number > 0"),
@@ -39,22 +39,22 @@ MISTAKES = [  # (override, what the one line must say)
 @pytest.mark.parametrize("override, message", MISTAKES, ids=[m[0] for m in MISTAKES])
 def test_config_mistake_is_one_line_naming_the_key_before_data_loads(cfg_factory, capsys, monkeypatch,
                                                                        override, message):
-    import vitpipe.train
+    import vitpipe.tasks.train
 
     def no_build(*a, **k):
         raise AssertionError("the data and model were built before the mistake was reported")
 
-    monkeypatch.setattr(vitpipe.train, "build", no_build)
+    monkeypatch.setattr(vitpipe.tasks.train, "build", no_build)
     cfg = cfg_factory("debug=fast", "logger=none", override)
     with pytest.raises(SystemExit) as stop:
-        run_cli(vitpipe.train.train, cfg)
+        run_cli(vitpipe.tasks.train.train, cfg)
     assert stop.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) <= 3 and lines[-1].startswith(f"vitpipe: error: {message}"), lines
 
 
 def test_a_target_that_does_not_exist_is_one_line(cfg_factory, capsys):
-    from vitpipe.train import train
+    from vitpipe.tasks.train import train
 
     cfg = cfg_factory("debug=fast", "logger=none", "model._target_=vitpipe.nope")
     with pytest.raises(SystemExit) as stop:
@@ -137,7 +137,7 @@ def test_checks_never_import_a_target_outside_the_trusted_libraries(cfg_factory)
     timm and lightning, and import nothing else (instantiate runs after the loaders' own checks)."""
     import sys
 
-    from vitpipe.validate import check_values
+    from vitpipe.config.checks import check_values
 
     cfg = cfg_factory("debug=fast")
     with open_dict(cfg):
@@ -218,12 +218,12 @@ def test_a_mistake_under_torchrun_is_printed_by_local_rank_0_only(local_rank, li
     (["debug=fast", "model.dpeth=3"], "model.dpeth is not a key of model; did you mean model.depth? (valid: "),
 ])
 def test_override_mistakes_are_one_line(argv, message, monkeypatch, capsys):
-    import vitpipe.cli
+    import vitpipe.tasks.cli
 
     if message is None:
-        assert vitpipe.cli.command_line_mistake(_conf(), "train", argv) is None
+        assert vitpipe.tasks.cli.command_line_mistake(_conf(), "train", argv) is None
         return
-    assert vitpipe.cli.command_line_mistake(_conf(), "train", argv).startswith(message)
+    assert vitpipe.tasks.cli.command_line_mistake(_conf(), "train", argv).startswith(message)
 
 
 def _conf():
@@ -233,7 +233,7 @@ def _conf():
 
 
 def test_valid_command_lines_pass_the_override_check():
-    from vitpipe.cli import command_line_mistake
+    from vitpipe.tasks.cli import command_line_mistake
 
     for argv in (["debug=fast", "model.depth=2", "+trainer.max_time=null"], ["-m", "model=vit_nano,vit_micro",
                  "model.depth=1,2"], ["-m", "hparams_search=optuna"], ["--cfg", "job"], ["--help"],
@@ -242,7 +242,7 @@ def test_valid_command_lines_pass_the_override_check():
 
 
 def test_plus_key_the_target_does_not_take_names_the_close_match(cfg_factory, capsys):
-    from vitpipe.train import train
+    from vitpipe.tasks.train import train
 
     cfg = cfg_factory("debug=fast", "logger=none", "+trainer.max_epoch=3")
     with pytest.raises(SystemExit):
@@ -258,7 +258,8 @@ def test_plus_key_the_target_does_not_take_names_the_close_match(cfg_factory, ca
 
 def _saved_module(tmp_path, *overrides: str):
     from conftest import make_cfg
-    from vitpipe.train import build
+
+    from vitpipe.tasks.train import build
 
     _, _, module = build(make_cfg(tmp_path / "src", ["debug=fast", "logger=none", *overrides]))
     path = tmp_path / "src" / "last.ckpt"
@@ -268,8 +269,8 @@ def _saved_module(tmp_path, *overrides: str):
 
 
 def test_check_fits_names_unexpected_keys_and_shape_mismatches(tmp_path):
-    from vitpipe.checkpoint import check_fits
     from vitpipe.models.registry import create_model
+    from vitpipe.run.checkpoint import check_fits
 
     deeper = {f"net.{k}": v for k, v in create_model("vit_nano", dim=32, depth=3, num_heads=2).state_dict().items()}
     with pytest.raises(ConfigError) as err:

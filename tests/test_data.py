@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 import torchvision
-from omegaconf import OmegaConf
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from PIL import Image
 from sklearn.datasets import load_digits
 

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from test_scale import _train_cli
 
 TESTS = Path(__file__).resolve().parent
@@ -25,7 +24,7 @@ def ddp_caption_run(tmp_path_factory):
                    "data.num_train=64", f"data.num_val={NUM_VAL}", f"data.num_test={NUM_TEST}", "data.batch_size=8",
                    "data.eval_batch_size=2", "trainer.limit_train_batches=4", "trainer.limit_val_batches=null",
                    "trainer.limit_test_batches=null", "module.nonfinite=skip", "callbacks.progress_bar.refresh_rate=1000",
-                   "+callbacks.nan._target_=nan_injection.NaNLossOnRank", "+callbacks.nan.rank=1",
+                   "+callbacks.nan._target_=fault_injection.NaNLossOnRank", "+callbacks.nan.rank=1",
                    "+callbacks.nan.step=1", f"+callbacks.nan.dump_dir={out / 'ranks'}", f"hydra.run.dir={out / 'run'}",
                    env={"PYTHONPATH": str(TESTS)}, timeout=300)  # a rank left alone in an all-reduce would hang
     assert r.returncode == 0, r.stderr[-3000:]
@@ -95,7 +94,7 @@ def test_nan_on_one_rank_stops_every_rank_in_error_mode(tmp_path):
     from test_scale import TINY
 
     r = _train_cli(*TINY, "logger=none", "trainer=ddp_cpu", "trainer.devices=2", "trainer.limit_train_batches=4",
-                   "+callbacks.nan._target_=nan_injection.NaNLossOnRank", "+callbacks.nan.rank=1",
+                   "+callbacks.nan._target_=fault_injection.NaNLossOnRank", "+callbacks.nan.rank=1",
                    "+callbacks.nan.step=2", f"hydra.run.dir={tmp_path}", env={"PYTHONPATH": str(TESTS)}, timeout=300)
     assert r.returncode == 3, r.stderr[-3000:]  # rank 0 (finite loss itself) stopped too, rather than hang
     assert "vitpipe: stopped: loss is non-finite on another rank (this is rank 0) at global step 2" in r.stderr

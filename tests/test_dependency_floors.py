@@ -44,7 +44,7 @@ def _floor(req: Requirement) -> Version:
 def _lightning(tmp_path):
     from lightning.pytorch import Trainer
 
-    for fn in (Trainer.fit, Trainer.test):  # vitpipe.train passes weights_only=True to both
+    for fn in (Trainer.fit, Trainer.test):  # vitpipe.tasks.train passes weights_only=True to both
         assert "weights_only" in inspect.signature(fn).parameters, fn.__qualname__
 
 
@@ -61,11 +61,11 @@ def _timm(tmp_path):
 
 def _torch(tmp_path):
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: F401  (vitpipe.bench)
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: F401  (vitpipe.tasks.bench)
 
-    assert callable(torch.nn.Module.compile) and torch.amp.GradScaler  # module.compile=true; vitpipe.bench
+    assert callable(torch.nn.Module.compile) and torch.amp.GradScaler  # module.compile=true; vitpipe.tasks.bench
     params = inspect.signature(torch.load).parameters
-    assert {"weights_only", "mmap"} <= set(params)  # vitpipe.checkpoint reads with both
+    assert {"weights_only", "mmap"} <= set(params)  # vitpipe.run.checkpoint reads with both
 
 
 def _torch_onnx(tmp_path):
@@ -84,14 +84,14 @@ def _torchvision(tmp_path):
 def _hydra(tmp_path):
     from hydra import initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):  # vitpipe.cli
+    with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):  # vitpipe.tasks.cli
         pass
 
 
 def _wandb(tmp_path):
     from wandb.sdk import wandb_setup
 
-    # vitpipe.validate.check_wandb_login looks at wandb's settings through these, without wandb.setup()
+    # vitpipe.config.checks.check_wandb_login looks at wandb's settings through these, without wandb.setup()
     assert hasattr(wandb_setup, "_singleton")
     assert "pid" in inspect.signature(wandb_setup._WandbSetup).parameters
 

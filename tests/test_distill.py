@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
-
 from tiny_checkpoints import checkpoint
+
 from vitpipe.errors import ConfigError
 from vitpipe.lit import ImageClassifier
 from vitpipe.lit.distill import check_distill, combine, distill_term, load_teacher
@@ -109,7 +109,7 @@ def test_options_are_checked_in_one_line():
 
 
 def test_teacher_is_frozen_and_unsaved_through_a_real_fit(tmp_path, cfg_factory):
-    from vitpipe.train import build
+    from vitpipe.tasks.train import build
 
     ckpt = checkpoint("sincos2d", tmp_path)  # a vitpipe checkpoint as the teacher
     cfg = cfg_factory("debug=fast", "logger=none", "model.dist_token=true", f"module.distill.teacher={ckpt}",
@@ -195,9 +195,9 @@ def test_timm_kwargs_reach_timm_and_must_be_plain_data():
 def test_timm_models_build_from_the_config_and_refuse_what_they_cannot_do(cfg_factory):
     from hydra.utils import instantiate
 
-    from vitpipe.checkpoint import ALLOWED_TARGETS
-    from vitpipe.config import instantiate_checked
+    from vitpipe.config.build import instantiate_checked
     from vitpipe.models.timm_compat import timm_kwargs
+    from vitpipe.run.checkpoint import ALLOWED_TARGETS
 
     cfg = cfg_factory("model=timm", "model.name=resnet10t")  # not debug=fast: it sets ViT dims
     assert cfg.model._target_ in ALLOWED_TARGETS["model"]
@@ -216,8 +216,10 @@ def test_a_timm_cnn_teacher_trained_by_vitpipe_distils_into_a_dist_token_vit(tmp
     """The issue's workflow end to end: `model=timm` trains the teacher, its run dir is the
     student's teacher, and the student's checkpoint rebuilds (no teacher inside) for eval."""
     from conftest import make_cfg
-    from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
-    from vitpipe.train import train
+
+    from vitpipe.run.checkpoint import load_checkpoint, rebuild
+    from vitpipe.run.paths import resolve_ckpt_path
+    from vitpipe.tasks.train import train
 
     limits = ["logger=none", "trainer=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
               "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", "data.batch_size=16"]
@@ -228,11 +230,8 @@ def test_a_timm_cnn_teacher_trained_by_vitpipe_distils_into_a_dist_token_vit(tmp
     teacher_run = cfg.paths.output_dir
     # shipped as a weights file (scripts/make_teacher.py, as experiment=fmnist_vit ships its teacher):
     # loaded the way training loads it, the file gives the run's logits
-    import importlib.util
+    from vitpipe.tasks import make_teacher
 
-    spec = importlib.util.spec_from_file_location("make_teacher", ROOT / "scripts" / "make_teacher.py")
-    make_teacher = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_teacher)
     weights = make_teacher.make_teacher(teacher_run, str(tmp_path / "teacher.safetensors"))
     from_run = load_teacher(teacher_run, num_classes=10, in_chans=1)
     kwargs = {"channels": [16, 32, 32, 64]}
@@ -259,7 +258,7 @@ def test_a_timm_cnn_teacher_trained_by_vitpipe_distils_into_a_dist_token_vit(tmp
     a, b = net.forward_heads(x)
     assert torch.allclose(net(x), (a + b) / 2)
     assert type(rebuild(load_checkpoint(resolve_ckpt_path(teacher_run)), teacher_run).net).__name__ == "ResNet"
-    from vitpipe.viz.visualize import visualize
+    from vitpipe.tasks.visualize import visualize
 
     viz = make_cfg(tmp_path / "viz", [f"ckpt_path={teacher_run}", "images=test"], config_name="visualize")
     with pytest.raises(ConfigError, match="attention maps need a vitpipe ViT; .* holds a ResNet$"):

@@ -12,12 +12,11 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
+from fault_injection import NaNLossOnRank
 from hydra.utils import instantiate
-
 from lightning.pytorch.plugins import MixedPrecision
 
-from nan_injection import NaNLossOnRank
-from vitpipe.train import build
+from vitpipe.tasks.train import build
 
 DECAY, STEPS = 0.5, 3
 

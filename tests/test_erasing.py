@@ -5,8 +5,8 @@ import random
 
 import pytest
 import torch
-from timm.data.random_erasing import RandomErasing
 from test_resume_state import fake_trainer
+from timm.data.random_erasing import RandomErasing
 
 from vitpipe.data import DigitsDataModule
 from vitpipe.data.erasing import random_erasing

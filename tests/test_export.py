@@ -11,19 +11,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import timm
+import tiny_checkpoints as tc
 import torch
+from conftest import make_cfg
 from PIL import Image
 
-import tiny_checkpoints as tc
-from conftest import make_cfg
-from vitpipe.checkpoint import load_checkpoint, rebuild
-from vitpipe.cli import run_cli
+from vitpipe.data.preprocess import Preprocess
 from vitpipe.errors import ConfigError, ExportCheckError
-from vitpipe.export import export, export_onnx
+from vitpipe.export import export_onnx
 from vitpipe.export.onnx_format import check_onnx
 from vitpipe.export.timm_format import check_timm
-from vitpipe.predict import predict
-from vitpipe.preprocess import Preprocess
+from vitpipe.run.checkpoint import load_checkpoint, rebuild
+from vitpipe.tasks.cli import run_cli
+from vitpipe.tasks.export import export
+from vitpipe.tasks.predict import predict
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,13 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import timm
-import torch
-
 import tiny_checkpoints as tc
+import torch
 from conftest import make_cfg
-from vitpipe.checkpoint import load_checkpoint, rebuild
-from vitpipe.cli import run_cli
-from vitpipe.export import export
+
+from vitpipe.run.checkpoint import load_checkpoint, rebuild
+from vitpipe.tasks.cli import run_cli
+from vitpipe.tasks.export import export
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
@@ -144,7 +144,7 @@ def test_timm_export_refuses_a_non_empty_folder_before_loading_the_model(ckpt, t
     def no_loading(*args, **kwargs):
         raise AssertionError("the checkpoint was loaded before out= was checked")
 
-    monkeypatch.setattr("vitpipe.checkpoint.load_checkpoint", no_loading)
+    monkeypatch.setattr("vitpipe.run.checkpoint.load_checkpoint", no_loading)
     with pytest.raises(SystemExit) as exit_info:
         run_cli(export, export_cfg(tmp_path, ckpt, "timm", out))
     err = capsys.readouterr().err.strip().splitlines()
@@ -231,7 +231,7 @@ def test_stale_temp_cleanup_for_one_out_removes_only_dead_vitpipe_temps_of_that_
     not a live writer's, not another name's, not a file that only looks like one (the folder is the user's)."""
     import socket
 
-    from vitpipe.lit.checkpointing import remove_stale_temp_files
+    from vitpipe.run.files import remove_stale_temp_files
 
     host = socket.gethostname()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-
 import tiny_checkpoints as tc
+import torch
 from conftest import make_cfg
-from vitpipe.export import export
+
+from vitpipe.tasks.export import export
 
 ROOT = Path(__file__).resolve().parents[1]
 # an absolute path inside text: "/x..." after a start, a space, a quote, "=", "(", "[", "{" or ",";

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_pointing import trained  # noqa: F401  (the module-scoped fixture: a ViT trained on the quadrant task)
 from torch import nn
 
-from test_pointing import trained  # noqa: F401  (the module-scoped fixture: a ViT trained on the quadrant task)
 from vitpipe.errors import ConfigError
 from vitpipe.viz.faithfulness import (
     auc,
@@ -86,11 +86,11 @@ def test_visualize_faithfulness_writes_the_table(tmp_path_factory, capsys):
     import csv
 
     import tiny_checkpoints as tc
+    from conftest import make_cfg
     from PIL import Image
 
-    from conftest import make_cfg
-    from vitpipe.checkpoint import load_from_checkpoint
-    from vitpipe.viz.visualize import split_images, visualize
+    from vitpipe.run.checkpoint import load_from_checkpoint
+    from vitpipe.tasks.visualize import split_images, visualize
 
     tmp = tmp_path_factory.mktemp("faith")
     ckpt = tc.checkpoint("sincos2d", tmp_path_factory.mktemp("ckpt"))

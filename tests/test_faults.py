@@ -23,8 +23,8 @@ import pytest
 import torch
 from test_scale import RANDOM, TINY, _last, _net  # the resume tests' settings and readers
 
-from vitpipe.cli import EXIT_DISK_FULL, run_cli
-from vitpipe.train import train
+from vitpipe.tasks.cli import EXIT_DISK_FULL, run_cli
+from vitpipe.tasks.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = [*TINY, "logger=none", "trainer.max_epochs=2", "trainer.limit_train_batches=4", "data.batch_size=16",
@@ -168,7 +168,7 @@ def test_last_ckpt_holds_the_final_step_when_the_best_epoch_was_earlier_and_a_st
     # monitor=step, mode=min: the first epoch is the best for sure (with val/acc it is chance)
     cfg = cfg_factory("debug=fast", "logger=none", "trainer.max_epochs=3", "callbacks.model_checkpoint.monitor=step",
                       "callbacks.model_checkpoint.mode=min", "callbacks.progress_bar.refresh_rate=1000",
-                      "+callbacks.kill._target_=vitpipe.lit.checkpointing.SignalAtStep", "+callbacks.kill.stage=test",
+                      "+callbacks.kill._target_=fault_injection.SignalAtStep", "+callbacks.kill.stage=test",
                       "+callbacks.kill.step=0", f"+callbacks.kill.signum={int(signum)}")
     with pytest.raises(SystemExit) as stop:
         run_cli(train, cfg)
@@ -298,7 +298,7 @@ def test_step_checkpoint_resume_has_no_not_resumable_warning_and_stays_exact(cfg
     final = _last(full_dir)
     assert final["global_step"] == 8
     for step in (5, 4):
-        stopped = cfg_factory(*common, "+callbacks.kill._target_=vitpipe.lit.checkpointing.SignalAtStep",
+        stopped = cfg_factory(*common, "+callbacks.kill._target_=fault_injection.SignalAtStep",
                               f"+callbacks.kill.step={step}", sub=f"stopped{step}")
         stopped_dir = Path(stopped.paths.output_dir)
         with pytest.raises(SystemExit) as stop:

@@ -24,7 +24,7 @@ from vitpipe.errors import ConfigError
 from vitpipe.lit import ImageClassifier
 from vitpipe.lit.optim import param_groups
 from vitpipe.models import create_model
-from vitpipe.train import build, train
+from vitpipe.tasks.train import build, train
 
 DEPTH, DECAY = 3, 0.5  # 0.5: every layer's rate is a distinct power of two
 

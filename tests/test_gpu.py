@@ -32,11 +32,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_cfg
 from hydra.utils import instantiate
 from PIL import Image
-
-from conftest import make_cfg
-from user_shell import fresh_checkout, run as run_cli, user_env
+from user_shell import fresh_checkout, user_env
+from user_shell import run as run_cli
 
 FORCED = os.environ.get("VITPIPE_GPU_TEST_DEVICE", "")
 if FORCED not in ("", "cpu"):
@@ -62,7 +62,7 @@ def figures(request):
     yield measured
     out = os.environ.get("VITPIPE_GPU_FIGURES")
     if out and measured:
-        from vitpipe.runinfo import atomic_write_text
+        from vitpipe.run.files import atomic_write_text
 
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
         record = {"test": request.node.nodeid, "device": device_name(), **measured}
@@ -158,7 +158,7 @@ def _fit_recording(tmp_path: Path, accelerator: str, extra=()) -> list:
     """Three training steps and one validation batch of a tiny vit_nano on digits (hflip, crop 1)."""
     import lightning as L
 
-    from vitpipe.train import build
+    from vitpipe.tasks.train import build
 
     cfg = make_cfg(tmp_path, ["debug=fast", "logger=none", "data.hflip=true", "model.img_size=16", *extra])
     L.seed_everything(0)
@@ -226,13 +226,13 @@ def test_fast_path_on_the_device_gives_the_cpu_batches(tmp_path, figures):
 
 @needs_cuda
 def test_mfu_peak_is_known_and_bounds_a_measured_matmul(figures):
-    """vitpipe.bench's data-sheet peak for this GPU exists (MFU is None otherwise) and a large bf16
+    """vitpipe.tasks.bench's data-sheet peak for this GPU exists (MFU is None otherwise) and a large bf16
     matmul reaches between 30% and 100% of it: a wrong table entry shows up here."""
-    from vitpipe.bench import peak_tflops, utilisation
+    from vitpipe.tasks.bench import peak_tflops, utilisation
 
     name = torch.cuda.get_device_name()
     peak = peak_tflops(name, "bf16-mixed")
-    assert peak is not None, f"{name} is not in vitpipe.bench.PEAK_TFLOPS: benchmark MFU would be None"
+    assert peak is not None, f"{name} is not in vitpipe.tasks.bench.PEAK_TFLOPS: benchmark MFU would be None"
     n = 8192
     a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     for _ in range(3):
@@ -259,7 +259,7 @@ def digits_runs(tmp_path_factory):
     """vit_nano with the conv stem on digits for 20 epochs (820 steps), fp32 and bf16-mixed: the same
     seed, init and data order. The conv stem learns digits in 20 epochs (test acc ~0.92 on a CPU; the
     patch stem is still near chance after 10, where tiny differences decide when it leaves the plateau)."""
-    from vitpipe.train import train
+    from vitpipe.tasks.train import train
 
     runs = {}
     for precision in ("32-true", "bf16-mixed"):
@@ -272,7 +272,7 @@ def digits_runs(tmp_path_factory):
 
 
 def test_bf16_mixed_training_tracks_fp32(digits_runs, figures):
-    from vitpipe.checkpoint import load_from_checkpoint
+    from vitpipe.run.checkpoint import load_from_checkpoint
 
     (run32, m32), (run16, m16) = digits_runs["32-true"], digits_runs["bf16-mixed"]
     preds = {}
@@ -300,8 +300,8 @@ def test_bf16_mixed_training_tracks_fp32(digits_runs, figures):
 def test_bf16_autocast_eval_matches_fp32(digits_runs, tmp_path, figures):
     """Raw logits of the fp32-trained network under bf16 autocast vs fp32, then scripts/eval.py's path
     (evaluate) at both precisions on the same checkpoint."""
-    from vitpipe.checkpoint import load_from_checkpoint
-    from vitpipe.evaluate import evaluate
+    from vitpipe.run.checkpoint import load_from_checkpoint
+    from vitpipe.tasks.evaluate import evaluate
 
     run, _ = digits_runs["32-true"]
     net, _, dm = load_from_checkpoint(run)
@@ -359,7 +359,7 @@ def _env() -> dict:
 def test_cli_train_with_trainer_gpu(cli_run, figures):
     from omegaconf import OmegaConf
 
-    from vitpipe.config import auto_precision
+    from vitpipe.config.build import auto_precision
 
     _, run, _ = cli_run
     cfg = OmegaConf.load(run / "config.yaml")
@@ -390,7 +390,7 @@ def test_cli_eval_reproduces_the_runs_test_metrics(cli_run, figures):
 
 def test_cli_predict_on_the_gpu_matches_the_cpu(cli_run, figures):
     cwd, run, _ = cli_run
-    from vitpipe.checkpoint import load_from_checkpoint
+    from vitpipe.run.checkpoint import load_from_checkpoint
 
     _, _, dm = load_from_checkpoint(run)
     dm.setup("test")
@@ -422,7 +422,7 @@ def test_cli_predict_on_the_gpu_matches_the_cpu(cli_run, figures):
 def test_cli_export_of_the_gpu_run_gives_its_logits(cli_run, figures):
     import timm
 
-    from vitpipe.checkpoint import load_from_checkpoint
+    from vitpipe.run.checkpoint import load_from_checkpoint
 
     cwd, run, _ = cli_run
     out = cwd / "exported"
@@ -470,7 +470,7 @@ def test_fsdp_on_one_gpu_saves_reloads_and_resumes(tmp_path, figures):
     assert done.returncode == 0, done.stderr[-3000:]
     ckpt = last_ckpt(run)
     assert all("_fsdp" not in k and "_checkpoint_wrapped" not in k and "_orig_mod" not in k for k in ckpt["state_dict"])
-    from vitpipe.checkpoint import load_from_checkpoint
+    from vitpipe.run.checkpoint import load_from_checkpoint
 
     plain, _, _ = load_from_checkpoint(run)
     plain.load_state_dict(net_state(ckpt))  # strict: every key of the plain model, nothing else
@@ -503,8 +503,8 @@ def test_compile_trains_and_its_checkpoint_gives_a_plain_model_the_same_logits(t
     from omegaconf import OmegaConf
     from torch._dynamo.utils import counters
 
-    from vitpipe.checkpoint import load_from_checkpoint
-    from vitpipe.train import train
+    from vitpipe.run.checkpoint import load_from_checkpoint
+    from vitpipe.tasks.train import train
 
     torch._dynamo.reset()
     counters.clear()

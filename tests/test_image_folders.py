@@ -10,17 +10,17 @@ import pytest
 import torch
 from omegaconf import open_dict
 from PIL import Image, ImageOps
-
 from test_data import write_png
-from vitpipe.config import check_config
+
+from vitpipe.config.build import check_config
 from vitpipe.data import ImageFolderDataModule
 from vitpipe.data.images import open_image
-from vitpipe.data.make_shards import INDEX_FILE, make_shards
+from vitpipe.data.preprocess import Preprocess
 from vitpipe.data.shards import ShardsDataModule, ShardSplit
 from vitpipe.errors import ConfigError
-from vitpipe.predict import ImageFiles, find_images
-from vitpipe.preprocess import Preprocess
-from vitpipe.train import build
+from vitpipe.tasks.make_shards import INDEX_FILE, make_shards
+from vitpipe.tasks.predict import ImageFiles, find_images
+from vitpipe.tasks.train import build
 
 
 @pytest.fixture(autouse=True)
@@ -216,7 +216,7 @@ def test_folder_without_test_is_tested_on_images_held_out_of_train(tmp_path, cfg
 
     import hydra
 
-    from vitpipe.train import train
+    from vitpipe.tasks.train import train
 
     root = _train_and_val_only(tmp_path / "imgs")
     cfg = cfg_factory(*FOLDER_RUN, f"data.root={root}")
@@ -241,14 +241,14 @@ def test_folder_without_test_is_tested_on_images_held_out_of_train(tmp_path, cfg
 
 def test_folder_without_test_and_test_split_0_reports_no_test_metrics(tmp_path, cfg_factory, capsys):
     """data.test_split=0 and no test/: no test split at all; no test/ keys (not val/ results renamed)."""
-    from vitpipe.train import train
+    from vitpipe.tasks.train import train
 
     root = _train_and_val_only(tmp_path / "imgs", n_train=4)
     metrics = train(cfg_factory(*FOLDER_RUN, f"data.root={root}", "data.test_split=0"))
     assert "val/acc" in metrics and not [k for k in metrics if k.startswith("test/")], metrics
     notes = [x for x in capsys.readouterr().err.splitlines() if "no test split" in x]
     assert len(notes) == 1 and "data.test_split=0" in notes[0], notes
-    from vitpipe.evaluate import evaluate
+    from vitpipe.tasks.evaluate import evaluate
 
     eval_cfg = cfg_factory(f"ckpt_path={next(tmp_path.rglob('epoch_*.ckpt'))}", "data=imagefolder", f"data.root={root}",
                            "data.test_split=0", "data.num_workers=0", config_name="eval", sub="eval")

@@ -13,7 +13,7 @@ import vitpipe.data.images as images
 from vitpipe.data import ImageFolderDataModule
 from vitpipe.data.images import find_bad_images, open_image
 from vitpipe.errors import ConfigError
-from vitpipe.train import train
+from vitpipe.tasks.train import train
 
 
 @pytest.fixture(autouse=True)

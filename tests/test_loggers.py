@@ -13,7 +13,7 @@ import lightning
 import pytest
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
-from vitpipe.runinfo import finish_loggers
+from vitpipe.run.info import finish_loggers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ CHECK = textwrap.dedent("""
     import sys
     from hydra import compose, initialize_config_dir
     from vitpipe.errors import ConfigError
-    from vitpipe.validate import check_wandb_login
+    from vitpipe.config.checks import check_wandb_login
 
     with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
         cfg = compose("train", overrides=sys.argv[2:])
@@ -93,7 +93,7 @@ def test_finish_loggers_passes_the_status_on(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("fails", [True, False])
 def test_train_tells_the_loggers_whether_it_failed(cfg_factory, monkeypatch, fails):
-    from vitpipe.train import train
+    from vitpipe.tasks.train import train
 
     def fit(self, *args, **kwargs):
         if fails:
@@ -115,7 +115,7 @@ def test_the_login_check_leaves_wandbs_settings_to_wandb_init(cfg_factory, monke
     """The check must not create wandb's process singleton: it freezes the environment of that
     moment, and a later wandb.init (WANDB_MODE=offline after a disabled check) would not log."""
     wandb_setup = pytest.importorskip("wandb.sdk.wandb_setup")
-    from vitpipe.validate import check_wandb_login
+    from vitpipe.config.checks import check_wandb_login
 
     monkeypatch.setattr(wandb_setup, "_singleton", None)
     monkeypatch.setenv("WANDB_MODE", "disabled")
@@ -126,17 +126,17 @@ def test_the_login_check_leaves_wandbs_settings_to_wandb_init(cfg_factory, monke
 def test_a_failure_before_fit_finishes_the_loggers_as_failed(cfg_factory, monkeypatch):
     """The loggers exist from the start of train(); a failure building the data or model, or reading
     the checkpoint to resume, still closes them as failed."""
-    import vitpipe.train
+    import vitpipe.tasks.train
     from vitpipe.errors import ConfigError
 
     def build(cfg):
         raise ConfigError("data.root=/nowhere: no such folder")
 
     statuses = []
-    monkeypatch.setattr(vitpipe.train, "build", build)
+    monkeypatch.setattr(vitpipe.tasks.train, "build", build)
     monkeypatch.setattr(CSVLogger, "finalize", lambda self, status: statuses.append(status))
     with pytest.raises(ConfigError, match="no such folder"):
-        vitpipe.train.train(cfg_factory("debug=fast", "logger=csv", "test=false"))
+        vitpipe.tasks.train.train(cfg_factory("debug=fast", "logger=csv", "test=false"))
     assert statuses == ["failed"]
 
 
@@ -169,12 +169,12 @@ def test_wandb_records_the_runs_exit_code(cfg_factory, monkeypatch, how):
     failed), a run that completes with 0."""
     wandb = pytest.importorskip("wandb")
     from vitpipe.lit.nonfinite import NonFiniteLossError
-    from vitpipe.train import train
+    from vitpipe.tasks.train import train
 
     monkeypatch.setenv("WANDB_MODE", "offline")
-    stop = {"nan-loss": ["+callbacks.nan._target_=nan_injection.NaNLossOnRank", "+callbacks.nan.rank=0",
+    stop = {"nan-loss": ["+callbacks.nan._target_=fault_injection.NaNLossOnRank", "+callbacks.nan.rank=0",
                          "+callbacks.nan.step=1"],
-            "sigterm": ["+callbacks.kill._target_=vitpipe.lit.checkpointing.SignalAtStep", "+callbacks.kill.step=1"],
+            "sigterm": ["+callbacks.kill._target_=fault_injection.SignalAtStep", "+callbacks.kill.step=1"],
             "success": []}[how]
     cfg = cfg_factory("debug=fast", "logger=[csv,wandb]", "test=false", "trainer.limit_train_batches=2", *stop)
     if how == "success":

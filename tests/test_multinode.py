@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_scale import TINY, _finish, _free_port, _last, _net, _start_cli
 
 ROOT = Path(__file__).resolve().parents[1]

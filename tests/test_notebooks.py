@@ -73,9 +73,9 @@ def test_captioning_notebook(tmp_path, monkeypatch):
 def test_rollout_notebook_loads_a_checkpoint(tmp_path, monkeypatch):
     """With CKPT set, the notebook explains that checkpoint on its test images instead of training."""
     import torch
-
     from conftest import make_cfg
-    from vitpipe.train import train
+
+    from vitpipe.tasks.train import train
 
     cfg = make_cfg(tmp_path / "train", ["model=vit_micro", "debug=fast", "test=false", "model.depth=2"])
     train(cfg)

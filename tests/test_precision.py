@@ -7,7 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from vitpipe.config import auto_precision
+from vitpipe.config.build import auto_precision
 
 
 @pytest.mark.parametrize("capability, expected", [

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny_checkpoints as tc
 import torch
+from conftest import make_cfg
 from PIL import Image
 
-import tiny_checkpoints as tc
-from conftest import make_cfg
-from vitpipe.checkpoint import load_checkpoint, rebuild
 from vitpipe.errors import ConfigError
-from vitpipe.predict import label_names, predict
+from vitpipe.run.checkpoint import load_checkpoint, rebuild
+from vitpipe.tasks.predict import label_names, predict
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS_MEAN, DIGITS_STD = 0.3053, 0.3759
@@ -268,7 +268,7 @@ def _unwritable_dir(tmp_path: Path) -> Path:
 def test_bad_out_is_refused_before_the_checkpoint_or_any_image_is_read(ckpts, tmp_path, monkeypatch, case):
     """out= that cannot be written is one line naming out= and why, raised before anything loads: the
     checkpoint reader, torch.load and PIL's opener are made to fail the test if predict reaches them."""
-    import vitpipe.checkpoint
+    import vitpipe.run.checkpoint
 
     path = ckpts("sincos2d")
     mixed_folder(tmp_path / "imgs")
@@ -282,7 +282,7 @@ def test_bad_out_is_refused_before_the_checkpoint_or_any_image_is_read(ckpts, tm
     def reached(*args, **kwargs):
         raise AssertionError("predict read the checkpoint or an image before checking out=")
 
-    monkeypatch.setattr(vitpipe.checkpoint, "load_checkpoint", reached)
+    monkeypatch.setattr(vitpipe.run.checkpoint, "load_checkpoint", reached)
     monkeypatch.setattr(torch, "load", reached)
     monkeypatch.setattr(Image, "open", reached)
     cfg = make_cfg(tmp_path, [f"ckpt_path={path}", f"images={tmp_path / 'imgs'}", f"out={out}", "device=cpu"],

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from vitpipe.data import CIFAR10DataModule
 from vitpipe.errors import ConfigError
 from vitpipe.models.registry import TIMM_NAMES
-from vitpipe.train import build
+from vitpipe.tasks.train import build
 
 ROOT = Path(__file__).resolve().parents[1]
 TI_NAME = TIMM_NAMES["vit_ti16"]  # vit_tiny_patch16_224.augreg_in21k_ft_in1k
@@ -163,8 +163,8 @@ def test_weights_of_other_shapes_name_the_first_mismatches_in_a_short_line(tmp_p
 
 
 def test_headline_command_composes_to_the_recipe(cfg_factory, capsys):
-    from vitpipe.config import check_config
-    from vitpipe.recipe import announce_recipe, applied_recipe
+    from vitpipe.config.build import check_config
+    from vitpipe.config.recipe import announce_recipe, applied_recipe
 
     cfg = cfg_factory("model=vit_b16", "data=cifar10")
     assert cfg.hydra.runtime.choices.recipe == "vit_b16_cifar10"

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import tiny_checkpoints as tc
 from conftest import make_cfg
 
@@ -38,8 +37,8 @@ def digits_png_command() -> list[str]:
 
 
 def test_readme_timm_snippet_prints_predicts_label_and_probability(tmp_path, monkeypatch, capsys):
-    from vitpipe.export import export
-    from vitpipe.predict import predict
+    from vitpipe.tasks.export import export
+    from vitpipe.tasks.predict import predict
 
     work = tmp_path / "work"
     work.mkdir()

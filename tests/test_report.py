@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import make_cfg
 from PIL import Image
 
-from conftest import make_cfg
 from vitpipe.report.calibration import expected_calibration_error, fit_temperature, nll, reliability_bins
 from vitpipe.report.figures import CALIBRATION_SIZE, CURVES_SIZE, DPI, confusion_figure, confusion_size, errors_size
 from vitpipe.report.history import HistoryCallback, read_history
@@ -33,7 +33,7 @@ DIGITS_TEST = 360
 @pytest.fixture(scope="session")
 def run(tmp_path_factory):
     """One tiny training run with the default callbacks: its run directory and metrics."""
-    from vitpipe.train import train
+    from vitpipe.tasks.train import train
 
     cfg = make_cfg(tmp_path_factory.mktemp("report"), RUN)
     metrics = train(cfg)
@@ -164,7 +164,7 @@ def test_history_has_one_row_per_epoch_with_the_logged_values(run):
 
 
 def test_resumed_run_writes_the_whole_history_once(run, tmp_path):
-    from vitpipe.train import train
+    from vitpipe.tasks.train import train
 
     ckpt = run.dir / "checkpoints" / "epoch_000.ckpt"
     cfg = make_cfg(tmp_path, [*RUN, "trainer.max_epochs=3", "test=false", f"ckpt_path={ckpt}"])
@@ -209,7 +209,7 @@ def test_figures_go_to_tensorboard(tmp_path, run):
 
 
 def _evaluate(run, tmp_path, *overrides):
-    from vitpipe.evaluate import evaluate
+    from vitpipe.tasks.evaluate import evaluate
 
     cfg = make_cfg(tmp_path, [f"ckpt_path={run.dir}", "trainer.accelerator=cpu", "trainer.precision=32-true",
                               "+trainer.enable_progress_bar=false", *overrides], config_name="eval")
@@ -269,7 +269,7 @@ def test_tta_hflip_averages_the_softmax_of_the_image_and_its_mirror_and_temperat
 
 
 def test_early_stopping_option_stops_when_the_monitored_metric_stalls(tmp_path):
-    from vitpipe.train import train
+    from vitpipe.tasks.train import train
 
     # min_delta 1.0: no epoch can improve val/acc by that much, so patience 1 stops after epoch 1
     cfg = make_cfg(tmp_path, ["debug=fast", "logger=none", "test=false", "trainer.max_epochs=5",
@@ -328,7 +328,7 @@ def _imbalanced_folder(root: Path, n_major=200, n_minor=20, n_test=100, shift=8,
 
 
 def test_balanced_loss_and_sampler_raise_minority_recall_on_10_to_1_data(tmp_path):
-    from vitpipe.train import train
+    from vitpipe.tasks.train import train
 
     data = _imbalanced_folder(tmp_path / "data")
     recall = {}
@@ -374,7 +374,7 @@ def test_balanced_sampler_shards_over_ranks_resumes_exactly_and_balances_classes
 def test_balanced_class_weights_and_option_mistakes(cfg_factory):
     from vitpipe.data.balance import balanced_class_weights
     from vitpipe.errors import ConfigError
-    from vitpipe.train import build
+    from vitpipe.tasks.train import build
 
     counts = torch.tensor([200, 20, 0])
     w = balanced_class_weights(counts)

@@ -13,11 +13,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-
 from user_shell import SHORT_TRAIN, fresh_checkout, popen, run, run_dir_of
-from vitpipe.checkpoint import resolve_ckpt_path
+
 from vitpipe.errors import ConfigError
-from vitpipe.rundir import is_live, live, unique_dir
+from vitpipe.run.dirs import is_live, live, unique_dir
+from vitpipe.run.paths import resolve_ckpt_path
 
 
 def test_unique_dir_claims_each_name_once(tmp_path):
@@ -56,7 +56,7 @@ def test_two_runs_started_in_the_same_second_get_their_own_directories(tmp_path)
 
 def _hold(run_dir) -> subprocess.Popen:
     """Another process holding run_dir's live mark, as a training run does."""
-    code = ("import sys, time; from vitpipe.rundir import live\n"
+    code = ("import sys, time; from vitpipe.run.dirs import live\n"
             "with live(sys.argv[1]):\n    print('held', flush=True); time.sleep(120)")
     p = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"
@@ -138,12 +138,12 @@ def test_ckpt_path_auto_resumes_the_run_directorys_own_checkpoint_and_starts_fre
 
     import torch
 
-    from vitpipe.cli import run_cli
-    from vitpipe.train import train
+    from vitpipe.tasks.cli import run_cli
+    from vitpipe.tasks.train import train
 
     tiny = ["debug=fast", "logger=none", "test=false", "trainer.limit_val_batches=1",
             "callbacks.progress_bar.refresh_rate=1000", "trainer.limit_train_batches=2"]
-    cfg = cfg_factory(*tiny, "trainer.max_epochs=1", "+callbacks.kill._target_=vitpipe.lit.checkpointing.SignalAtStep",
+    cfg = cfg_factory(*tiny, "trainer.max_epochs=1", "+callbacks.kill._target_=fault_injection.SignalAtStep",
                       "+callbacks.kill.step=1")
     assert cfg.ckpt_path == "auto"
     last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"

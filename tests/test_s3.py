@@ -54,7 +54,8 @@ def s3():
 
 def cli(script: str, *args, env: dict, cwd: Path, timeout: float = 300, background: bool = False):
     cmd = [sys.executable, str(ROOT / "scripts" / script), *args]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", **env}
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+                "PYTHONPATH": str(ROOT / "tests"), **env}  # fault_injection.SignalAtStep
     if background:
         return subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
@@ -109,7 +110,7 @@ def test_a_run_streaming_from_s3_killed_mid_epoch_resumes_exactly(s3, digits_sha
                env=s3["env"], cwd=tmp_path)
     assert full.returncode == 0, full.stderr[-3000:]
     p = cli("train.py", *common, f"data.cache_dir={tmp_path / 'c2'}", f"hydra.run.dir={tmp_path / 'killed'}",
-            "+callbacks.kill._target_=vitpipe.lit.checkpointing.SignalAtStep", "+callbacks.kill.step=8",
+            "+callbacks.kill._target_=fault_injection.SignalAtStep", "+callbacks.kill.step=8",
             f"+callbacks.kill.signum={int(signal.SIGKILL)}", env=s3["env"], cwd=tmp_path, background=True)
     p.communicate(timeout=300)
     assert p.returncode == -signal.SIGKILL

@@ -202,7 +202,7 @@ def test_compiled_module_checkpoint_has_plain_keys_and_loads(tmp_path):
 
 
 def test_bf16_mixed_gives_the_same_classes_as_fp32_on_cpu(cfg_factory):
-    from vitpipe.train import build, train
+    from vitpipe.tasks.train import build, train
 
     preds = {}
     for precision in ("32-true", "bf16-mixed"):
@@ -240,7 +240,7 @@ def test_nonfinite_loss_stops_naming_the_step_or_is_skipped(cfg_factory, policy)
     from hydra.utils import instantiate
 
     from vitpipe.lit.classifier import NonFiniteLossError
-    from vitpipe.train import build
+    from vitpipe.tasks.train import build
 
     cfg = cfg_factory(*TINY[:1], "trainer.max_epochs=1", "trainer.limit_train_batches=4", f"module.nonfinite={policy}")
     dm, net, module = build(cfg)
@@ -262,7 +262,7 @@ def test_nonfinite_loss_stops_naming_the_step_or_is_skipped(cfg_factory, policy)
 def test_lr_scaling_rule_and_effective_batch(cfg_factory, capsys, rule, factor):
     """Effective batch 32 x 4 devices x 2 accumulation = 256 against a base of 128: the linear rule
     doubles the lr, sqrt multiplies it by sqrt(2), none leaves it."""
-    from vitpipe.config import apply_lr_scaling
+    from vitpipe.config.build import apply_lr_scaling
 
     cfg = cfg_factory(f"lr_scaling.rule={rule}", "lr_scaling.base_batch_size=128", "data.batch_size=32",
                       "module.optimizer.lr=0.001")

@@ -9,7 +9,6 @@ callback recovers the ids of every batch a rank trained on or scored from the pi
 from __future__ import annotations
 
 import collections
-import io
 import json
 import os
 import signal
@@ -24,9 +23,9 @@ from test_scale import TINY, _train_cli
 
 from vitpipe.data import DigitsDataModule, ImageFolderDataModule
 from vitpipe.data.images import open_image
-from vitpipe.data.make_shards import INDEX_FILE, make_shards
 from vitpipe.data.shards import ChunkSampler, ShardsDataModule, ShardSplit
 from vitpipe.errors import ConfigError
+from vitpipe.tasks.make_shards import INDEX_FILE, make_shards
 
 TESTS = Path(__file__).resolve().parent
 # ids by split (red channel); 3 classes. 23 training images: not divisible by 2 ranks x batch 4
@@ -143,7 +142,7 @@ def test_a_shuffled_epoch_deserialises_each_stored_item_once(tmp_path, monkeypat
 
 
 def test_an_interrupted_conversion_is_redone_and_complete_splits_are_kept(id_shards, tmp_path, monkeypatch, capsys):
-    import vitpipe.data.make_shards as ms
+    import vitpipe.tasks.make_shards as ms
 
     root, _ = id_shards
     dm = ImageFolderDataModule(root=str(root), num_classes=3, img_size=8, in_chans=3, channels=3)

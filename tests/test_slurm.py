@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from vitpipe.launcher_check import launcher_problem
+from vitpipe.config.launcher import launcher_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Sweep reports (vitpipe.sweep, scripts/sweep_report.py) from sweep folders built by hand with the files a
+"""Sweep reports (vitpipe.sweep.summary, scripts/sweep_report.py) from sweep folders built by hand with the files a
 job writes (.hydra/overrides.yaml, .hydra/hydra.yaml, metrics.json): a 3-trial Optuna study, an 8-trial one
 and a 4-job grid. The real multiruns are in test_scale.py."""
 
@@ -15,7 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.text import Text
 from PIL import Image
 
-from vitpipe.sweep import collect_jobs, fmt, job_labels, split_columns, summary_figure, write_summary
+from vitpipe.sweep.summary import collect_jobs, fmt, job_labels, split_columns, summary_figure, write_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTUNA_PARAMS = {"module.optimizer.lr": "interval(1e-4, 5e-3)", "module.optimizer.weight_decay": "interval(0.0, 0.1)",
@@ -111,7 +111,7 @@ def test_optuna_3_trials_report(tmp_path):
 
 
 def test_optuna_study_rebuilt_and_importances(tmp_path):
-    from vitpipe.sweep_optuna import rebuild_study, sweeper_config
+    from vitpipe.sweep.optuna import rebuild_study, sweeper_config
 
     sweep = optuna_sweep(tmp_path, 8)
     rows = write_summary(sweep, "val/acc_best")

@@ -179,9 +179,9 @@ def test_qk_norm_from_timm_is_exact_where_eps_matters():
 def test_qk_norm_to_timm_is_exact_and_exports(tmp_path):
     import timm
 
+    from vitpipe.data.preprocess import InputSpec
     from vitpipe.export.timm_format import TIMM_TOLERANCE, save_timm
     from vitpipe.models.timm_compat import to_timm
-    from vitpipe.preprocess import InputSpec
 
     m = from_timm(_shrink_qk(_random_timm(QK_NORM))).eval()
     x = torch.randn(4, 3, 16, 16)

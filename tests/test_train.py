@@ -13,7 +13,7 @@ from hydra.utils import instantiate
 from omegaconf import open_dict
 
 from vitpipe.errors import ConfigError
-from vitpipe.train import build, train
+from vitpipe.tasks.train import build, train
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUP = lambda g: sorted(p.stem for p in (ROOT / "conf" / g).glob("*.yaml"))  # noqa: E731
@@ -113,7 +113,7 @@ def test_resume_continues_at_the_saved_step(cfg_factory):
     assert adam_steps == {6.0}  # AdamW's moments were restored and continued, not restarted
 
     # a directory resolves to its newest last.ckpt: the resumed run's (`last` is covered in test_scale)
-    from vitpipe.checkpoint import resolve_ckpt_path
+    from vitpipe.run.paths import resolve_ckpt_path
 
     root = Path(first.paths.output_dir).parents[1]
     assert resolve_ckpt_path(str(root), which="last").parent.parent == Path(resumed.paths.output_dir)
@@ -192,7 +192,7 @@ def test_vit_b16_on_synthetic_runs_at_224(cfg_factory):
 
 
 def test_eval_script_reproduces_the_test_metrics_from_the_checkpoint_alone(cfg_factory, tmp_path):
-    from vitpipe.evaluate import evaluate
+    from vitpipe.tasks.evaluate import evaluate
 
     cfg = cfg_factory("debug=fast", "trainer.limit_test_batches=null", sub="train")
     metrics = train(cfg)

@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_cfg
 from PIL import Image
 
-from conftest import make_cfg
 from vitpipe.errors import ConfigError
 from vitpipe.models.vit import ViT
-from vitpipe.train import train
-from vitpipe.viz import visualize as viz
-from vitpipe.checkpoint import load_from_checkpoint, resolve_ckpt_path
+from vitpipe.run.checkpoint import load_from_checkpoint
+from vitpipe.run.paths import resolve_ckpt_path
+from vitpipe.tasks import visualize as viz
+from vitpipe.tasks.train import train
 from vitpipe.viz.rollout import attention_rollout, rollout_for_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,7 +205,7 @@ def test_cli(tmp_path, classifier_ckpt, image_folder):
 
 
 def test_cli_error_is_one_line(tmp_path, classifier_ckpt, image_folder, capsys):
-    from vitpipe.cli import run_cli
+    from vitpipe.tasks.cli import run_cli
 
     with pytest.raises(SystemExit) as stop:
         run_cli(viz.visualize, viz_cfg(tmp_path, classifier_ckpt, image_folder, "method=attention"))

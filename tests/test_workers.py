@@ -7,9 +7,9 @@ import warnings
 
 import hydra
 import pytest
+import tiny_checkpoints as tc
 from lightning.fabric.utilities import data as fabric_data
 
-import tiny_checkpoints as tc
 from vitpipe.data.workers import resolve_num_workers
 
 

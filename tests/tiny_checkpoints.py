@@ -2,7 +2,7 @@
 
 ``trained_run`` is a real ``train()`` run (debug=fast: a run dir with metrics.json and
 .hydra/overrides.yaml). ``checkpoint(kind)`` builds model + data module + LightningModule through
-``vitpipe.train.build`` exactly as training does, gives every weight a random value (std 0.2 around 0,
+``vitpipe.tasks.train.build`` exactly as training does, gives every weight a random value (std 0.2 around 0,
 around 1 for norm scales: each weight moves the logits, and labels differ between images) and saves
 what a trained run saves: state_dict, the resolved config, class names.
 """
@@ -13,10 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from conftest import make_cfg
 from omegaconf import OmegaConf
 from PIL import Image
-
-from conftest import make_cfg
 
 # kind -> config overrides (debug=fast: 1-block, 32-wide; vit_nano on 8x8 digits unless said)
 KINDS = {
@@ -50,7 +49,7 @@ def checkpoint(kind: str, base: Path) -> Path:
     """``base/<kind>/checkpoints/epoch_000.ckpt`` with random weights (made once per session)."""
     if kind in _made:
         return _made[kind]
-    from vitpipe.train import build
+    from vitpipe.tasks.train import build
 
     root = base / kind
     extra = [f"data.root={write_image_folder(root / 'images')}"] if kind == "folder" else []
@@ -78,7 +77,7 @@ def trained_run(base: Path) -> Path:
     """A real (2-step) training run of the default vit_nano on digits; returns its run dir."""
     if "trained" in _made:
         return _made["trained"]
-    from vitpipe.train import train
+    from vitpipe.tasks.train import train
 
     cfg = make_cfg(base / "trained", ["debug=fast", "logger=none"])
     train(cfg)

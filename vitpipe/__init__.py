@@ -1,10 +1,11 @@
 """vitpipe: a Vision Transformer training pipeline."""
 
-from vitpipe import launcher_check, rundir
+from vitpipe.config import launcher
 from vitpipe.models import ViT, create_model, list_models
+from vitpipe.run import dirs
 
-rundir.register_resolvers()  # ${cwd:} and ${unique_dir:...} of conf/paths and conf/hydra, for every script
-launcher_check.register_resolvers()  # ${slurm_tasks:...} etc. of conf/hydra/launcher/slurm.yaml
+dirs.register_resolvers()  # ${cwd:} and ${unique_dir:...} of conf/paths and conf/hydra, for every script
+launcher.register_resolvers()  # ${slurm_tasks:...} etc. of conf/hydra/launcher/slurm.yaml
 
 __all__ = ["ViT", "create_model", "list_models"]
 __version__ = "0.1.0"

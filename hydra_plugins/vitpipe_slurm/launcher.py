@@ -25,7 +25,7 @@ if SubmititSlurmLauncher is not None:
                 returns = super().launch(job_overrides, initial_job_idx)
             lost = [r for r in returns if r.status == JobStatus.FAILED and isinstance(r._return_value, JobLost)]
             if lost:
-                from vitpipe.sweep import write_summary
+                from vitpipe.sweep.summary import write_summary
 
                 sweep_dir = Path(str(self.config.hydra.sweep.dir))
                 write_summary(sweep_dir, self.config.get("optimized_metric"))
@@ -51,8 +51,8 @@ class _Settled:
             return self.job.results()
         except submitit.core.utils.UncompletedJobError:
             state = (str(self.job.state).split() or ["UNKNOWN"])[0]  # "CANCELLED by 0" -> CANCELLED
-            from vitpipe.runinfo import atomic_write_text
-            from vitpipe.sweep import SLURM_STATE
+            from vitpipe.run.files import atomic_write_text
+            from vitpipe.sweep.summary import SLURM_STATE
 
             self.job_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.job_dir / SLURM_STATE, state + "\n")

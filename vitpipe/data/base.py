@@ -18,9 +18,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from vitpipe.data.balance import BalancedSampler, dataset_labels
-from vitpipe.data.checks import check_int, to_hw
 from vitpipe.data.erasing import random_erasing
-from vitpipe.data.workers import local_world_size, resolve_num_workers
 from vitpipe.data.fast import TensorImageDataset, identity_collate, random_crop, random_hflip, to_model_input
 from vitpipe.data.repeated import RepeatedAugSampler
 from vitpipe.data.resume import ResumeState, loader_generator
@@ -28,7 +26,8 @@ from vitpipe.data.sampler import ShardedSampler, rank_layout
 from vitpipe.data.splits import check_val_split, split_indices
 from vitpipe.data.subset import check_classes, select
 from vitpipe.data.transforms import TransformedSubset, standard_transform
-from vitpipe.errors import ConfigError
+from vitpipe.data.workers import local_world_size, resolve_num_workers
+from vitpipe.errors import ConfigError, check_int, to_hw
 
 
 @dataclass(frozen=True)

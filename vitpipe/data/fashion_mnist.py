@@ -8,12 +8,14 @@ missing but the Debian package ``fashion-mnist`` is installed (gz files in
 import gzip
 import os
 import shutil
+from pathlib import Path
 
 import torch
 from torchvision.datasets import FashionMNIST
 
 from vitpipe.data.base import ClassificationDataModule, DatasetInfo
 from vitpipe.errors import ConfigError
+from vitpipe.run.files import atomic_write
 
 # Pixel mean/std of the 60k training images.
 FASHION_MNIST = DatasetInfo(
@@ -70,10 +72,8 @@ class FashionMNISTDataModule(ClassificationDataModule):
             return
         os.makedirs(self.raw_dir, exist_ok=True)
         for name in missing:
-            tmp = os.path.join(self.raw_dir, f".{name}.{os.getpid()}.tmp")
-            with gzip.open(os.path.join(self.system_dir, name + ".gz"), "rb") as src, open(tmp, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            os.replace(tmp, os.path.join(self.raw_dir, name))  # other ranks never see half a file
+            with gzip.open(os.path.join(self.system_dir, name + ".gz"), "rb") as src:  # other ranks never see half a file
+                atomic_write(Path(self.raw_dir) / name, lambda dst, src=src: shutil.copyfileobj(src, dst))
 
     def _download(self) -> None:
         missing = self._missing()

@@ -14,13 +14,14 @@ import errno
 import hashlib
 import json
 import os
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageOps
 from tqdm import tqdm
+
+from vitpipe.run.files import atomic_write_json
 
 # torchvision's IMG_EXTENSIONS and GIF (its first frame): formats Pillow decodes in every build
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".pgm", ".png", ".ppm", ".tif", ".tiff", ".webp")
@@ -118,9 +119,6 @@ def _cache_file(folder: str) -> Path:
 def _write_atomic(path: Path, data: dict) -> None:
     """Best effort: a cache that cannot be written (read-only home) only costs the next run time."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".tmp-", delete=False) as f:
-            json.dump(data, f)
-        os.replace(f.name, path)  # concurrent ranks never read half a file
+        atomic_write_json(path, data, indent=None)  # concurrent ranks never read half a file
     except OSError:
         pass

@@ -24,13 +24,14 @@ from torch.utils.data import Dataset
 
 from vitpipe.data.base import ClassificationDataModule, DatasetInfo
 from vitpipe.data.images import open_image
-from vitpipe.data.make_shards import FORMAT_VERSION, INDEX_FILE
 from vitpipe.data.object_store import check_s3, is_s3
 from vitpipe.data.sampler import ShardedSampler
 from vitpipe.errors import ConfigError
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata asks PyPI per process otherwise (offline)
 
+INDEX_FILE = "vitpipe_shards.json"  # beside the split folders: what make_shards wrote
+FORMAT_VERSION = 1
 INDEX_KEYS = ("format", "class_names", "num_classes", "channels", "native_size", "mean", "std", "splits")
 
 

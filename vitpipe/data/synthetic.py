@@ -7,9 +7,8 @@ import numpy as np
 import torch
 
 from vitpipe.data.base import ClassificationDataModule, DatasetInfo
-from vitpipe.data.checks import check_int, to_hw
 from vitpipe.data.fast import TensorImageDataset
-from vitpipe.errors import ConfigError
+from vitpipe.errors import ConfigError, check_int, to_hw
 
 # Pixels uniform on {0..255}: mean 0.5, std sqrt((256^2 - 1) / 12) / 255.
 UNIFORM_STD = 0.2898

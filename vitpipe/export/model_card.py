@@ -23,9 +23,9 @@ from pathlib import Path
 import yaml
 from torch import nn
 
+from vitpipe.data.preprocess import InputSpec
 from vitpipe.export.local_paths import scrub_override, scrub_tree
-from vitpipe.markdown import fenced
-from vitpipe.preprocess import InputSpec
+from vitpipe.report.markdown import fenced
 
 # config keys that describe the machine, not the model (paths, loggers, Hydra's own settings, a resume file)
 _LOCAL_KEYS = ("paths", "logger", "hydra", "callbacks", "ckpt_path")

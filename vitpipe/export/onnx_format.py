@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from vitpipe.data.preprocess import InputSpec
 from vitpipe.errors import ConfigError, ExportCheckError
-from vitpipe.lit.checkpointing import atomic_write, remove_stale_temp_files
-from vitpipe.preprocess import InputSpec
+from vitpipe.run.files import atomic_write, remove_stale_temp_files
 
 ONNX_TOLERANCE = 1e-4  # max abs logit difference between onnxruntime and PyTorch, fp32
 ONNX_MAX_BYTES = 2**31  # protobuf's limit on one serialized message: the whole self-contained file

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from vitpipe.errors import ConfigError
-from vitpipe.lit.checkpointing import fsync_path, remove_stale_temp_files, temp_dir_beside
+from vitpipe.run.files import fsync_path, remove_stale_temp_files, temp_dir_beside
 
 
 def not_empty_error(out: Path) -> ConfigError | None:

@@ -2,7 +2,7 @@
 
 The network is converted to a timm ``VisionTransformer`` (``timm_compat.to_timm``), so
 ``timm.create_model("local-dir:DIR", pretrained=True)`` rebuilds it from timm's own registry and
-``model_args``. Its ``pretrained_cfg`` states vitpipe's preprocessing rule (``vitpipe.preprocess``),
+``model_args``. Its ``pretrained_cfg`` states vitpipe's preprocessing rule (``vitpipe.data.preprocess``),
 so ``resolve_data_config({}, model=m)`` + ``create_transform(**cfg)`` feed it as ``scripts/predict.py``
 does. The folder is built beside ``out`` (``vitpipe.export.staging``), loaded back through timm and
 checked against the network, and only then renamed to ``out``: a failed check or a kill leaves
@@ -11,17 +11,17 @@ checked against the network, and only then renamed to ``out``: a failed check or
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from vitpipe.data.preprocess import InputSpec
 from vitpipe.errors import ExportCheckError
 from vitpipe.export.staging import staged_folder
 from vitpipe.models.registry import TIMM_NAMES, VARIANTS
 from vitpipe.models.timm_compat import timm_kwargs, to_timm
-from vitpipe.preprocess import InputSpec
+from vitpipe.run.files import user_permissions
 
 TIMM_TOLERANCE = 1e-5  # max abs logit difference, fp32
 GENERIC_ARCH = "vit_base_patch16_224"  # any timm ViT entry point: the model_args set every dimension
@@ -53,17 +53,12 @@ def save_timm(net: nn.Module, spec: InputSpec, out: Path, *, class_names: list[s
     labels = {"label_names": list(class_names)} if class_names else None
     with staged_folder(out, overwrite=overwrite) as folder:
         save_for_hf(tm, str(folder), model_config=labels, safe_serialization=True)
-        _user_permissions(folder / "model.safetensors")
+        user_permissions(folder / "model.safetensors")
         if readme is not None:
             (folder / "README.md").write_text(readme, encoding="utf-8")
         return check_timm(net, folder, spec, name=out)
 
 
-def _user_permissions(path: Path) -> None:
-    """safetensors writes its file 0600; a folder meant for sharing gets the user's umask, as config.json does."""
-    umask = os.umask(0)
-    os.umask(umask)
-    path.chmod(0o666 & ~umask)
 
 
 @torch.no_grad()

@@ -1,12 +1,7 @@
 """Checkpoints that survive crashes, kills, interrupts, full disks and pre-emption.
 
-- ``atomic_write`` / ``AtomicCheckpointIO``: write to a temporary file in the same directory,
-  fsync, then rename over the target. A kill during a save leaves the previous file intact
-  (rename is atomic on POSIX), never a truncated file under the real name; a failed write
-  (a full disk) removes its temporary file and raises ``DiskFullError`` naming the path. Files
-  get the permissions the user's umask gives (``mkstemp`` alone would make them 0600).
-- ``remove_stale_temp_files``: the temporary files (and ``temp_dir_beside`` folders) of writes
-  whose process was killed.
+- ``AtomicCheckpointIO``: Lightning's checkpoint writer through ``vitpipe.run.files.atomic_write``
+  (temporary file, fsync, rename): a kill during a save leaves the previous file intact.
 - ``BestAndLastCheckpoint``: Lightning's ``ModelCheckpoint`` (best k by a metric) whose
   ``last.ckpt`` is always the newest state: after every epoch and every N steps if asked.
 - ``PreemptionCheckpoint``: on SIGTERM (what schedulers send before killing a job) or Ctrl-C,
@@ -15,26 +10,16 @@
   the exact step. Every checkpoint it is part of holds each rank's global random generators; on
   resume it restores them, says where it continues, removes stale temporary files, and hides
   Lightning's "dataloader is not resumable" warning where vitpipe's data state makes it wrong.
-- ``SignalAtStep``: sends a real signal to the own process at a given step, to rehearse a kill.
 """
 
 from __future__ import annotations
 
-import errno
-import glob
 import os
-import re
-import shutil
 import signal
-import socket
 import sys
-import tempfile
 import threading
-import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
 
 import lightning as L
 import torch
@@ -46,137 +31,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
 from vitpipe.data.resume import RNG_KEY, rank_rng_state, restores_position, rng_state, set_rng_state
-
-_FULL = (errno.ENOSPC, errno.EDQUOT)
-STALE_AFTER_S = 3600  # a temporary file of another host older than this is no save in progress
-
-
-class DiskFullError(OSError):
-    """A write failed for lack of space; its temporary file is gone and the old file untouched."""
-
-    def __init__(self, code: int, path: Path) -> None:
-        super().__init__(code, os.strerror(code), str(path))
-
-
-def disk_full_cause(exc: BaseException) -> OSError | None:
-    """The ENOSPC/EDQUOT error in ``exc``'s chain (torch's writer wraps it), or None."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in _FULL:
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-def _umask() -> int:
-    try:  # Linux reports it without changing it (os.umask can only set, racing other threads)
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _temp_prefix(name: str) -> str:
-    # the writer's host and pid in the name: a later run can tell a killed save from a running one
-    return f".{name}.tmp-{socket.gethostname()}-{os.getpid()}-"
-
-
-def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Call ``write(f)`` on a temporary file beside ``path``, then rename it to ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path.name))
-        os.fchmod(fd, 0o666 & ~_umask())  # teammates read checkpoints as they read the user's other files
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        full = disk_full_cause(e)
-        if full is not None:
-            raise DiskFullError(full.errno, path) from e
-        raise
-    fsync_path(path.parent)
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file, or a directory to make a rename durable: after a power cut the directory entry
-    points at the new file."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some file systems refuse fsync on directories; the rename is still atomic
-    finally:
-        os.close(fd)
-
-
-_TEMP_NAME = re.compile(r"\..+\.tmp-(?P<host>.+)-(?P<pid>\d+)-[a-z0-9_]+")
-
-
-def _writer_may_be_alive(p: Path) -> bool:
-    m = _TEMP_NAME.fullmatch(p.name)
-    if m is None:
-        return False  # an older vitpipe's temp name: no host/pid, and no running version writes it
-    if m["host"] != socket.gethostname():
-        return time.time() - p.stat().st_mtime < STALE_AFTER_S
-    pid = int(m["pid"])
-    if pid == os.getpid():
-        return False  # this process calls between its own saves
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process
-    return True
-
-
-def temp_dir_beside(path: Path) -> Path:
-    """A new empty folder beside ``path``, named as ``atomic_write`` names its temporary files (so a
-    killed writer's folder is found by ``remove_stale_temp_files``), with the user's umask."""
-    path = Path(path)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=_temp_prefix(path.name)))
-    tmp.chmod(0o777 & ~_umask())
-    return tmp
-
-
-def remove_stale_temp_files(directory, name: str | None = None) -> list[Path]:
-    """Delete the ``.<name>.tmp-*`` files in ``directory`` whose writer was killed mid-save.
-
-    With ``name``: only those of writes to ``directory/name``, folders (``temp_dir_beside``) included,
-    and only under the names this module gives them: ``directory`` may be any folder of the user's.
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    removed = []
-    for p in directory.glob(".*.tmp-*" if name is None else f".{glob.escape(name)}.tmp-*"):
-        try:
-            if name is not None and not _TEMP_NAME.fullmatch(p.name):
-                continue
-            if p.is_file() and not _writer_may_be_alive(p):
-                p.unlink()
-                removed.append(p)
-            elif name is not None and p.is_dir() and not p.is_symlink() and not _writer_may_be_alive(p):
-                shutil.rmtree(p)
-                removed.append(p)
-        except FileNotFoundError:
-            pass  # its writer finished (renamed it) meanwhile
-    return removed
+from vitpipe.run.files import atomic_write, remove_stale_temp_files
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -202,7 +57,7 @@ class BestAndLastCheckpoint(ModelCheckpoint):
     No version counter: Lightning writes ``last-v1.ckpt`` when it finds a ``last.ckpt`` it did not
     write itself, e.g. the one ``PreemptionCheckpoint`` saved before a requeue, which left the
     resumed run's newest state beside a stale ``last.ckpt`` (a fresh run never shares its directory
-    with another: ``vitpipe.train`` refuses ``ckpt_path=null`` into a run directory with checkpoints).
+    with another: ``vitpipe.tasks.train`` refuses ``ckpt_path=null`` into a run directory with checkpoints).
     """
 
     def __init__(self, *args, last_every_n_train_steps: int | None = None, **kwargs) -> None:
@@ -250,7 +105,7 @@ class SecondInterrupt(BaseException):
     """Ctrl-C pressed again before the first one reached a batch boundary: stop now, save nothing.
 
     Not a ``KeyboardInterrupt``: Lightning turns that into ``sys.exit(1)``; this one reaches
-    ``vitpipe.cli``, which exits 130 like any Ctrl-C.
+    ``vitpipe.tasks.cli``, which exits 130 like any Ctrl-C.
     """
 
 
@@ -263,11 +118,11 @@ class PreemptionCheckpoint(L.Callback):
     - SLURM through submitit (``hydra/launcher=slurm``): submitit's handler of its warning signal
       (USR2, ``signal_delay_s`` before the time limit) requeues the job and exits at once, mid-batch,
       saving nothing. It is deferred: the signal stops the run like SIGTERM (``last.ckpt`` at the
-      batch boundary), and ``vitpipe.cli`` then calls submitit's handler, which requeues the job with
+      batch boundary), and ``vitpipe.tasks.cli`` then calls submitit's handler, which requeues the job with
       the same config; ``ckpt_path=auto`` resumes it from that ``last.ckpt``.
     - The ``SIGTERMException`` that ends the run carries ``vitpipe_signal``, ``vitpipe_stage`` and
       ``vitpipe_checkpoint`` (the path written, or None: nothing is saved outside fit), which
-      ``vitpipe.cli`` turns into one line and the exit status 128 + signal.
+      ``vitpipe.tasks.cli`` turns into one line and the exit status 128 + signal.
     - Resume: prints the path, epoch and step it continues from; at start and on resume, removes
       the temporary files that killed saves left in the checkpoint directories.
     - Random streams: every checkpoint gets ``rng_states``, the global generators (torch, CUDA,
@@ -387,7 +242,7 @@ class PreemptionCheckpoint(L.Callback):
         if self._signal == SUBMITIT_SIGNAL and self._requeue is not None:
             handler, self._requeue = self._requeue, None
             signal.signal(SUBMITIT_SIGNAL, handler)
-            exception.vitpipe_requeue = lambda: handler(SUBMITIT_SIGNAL, None)  # vitpipe.cli calls it last
+            exception.vitpipe_requeue = lambda: handler(SUBMITIT_SIGNAL, None)  # vitpipe.tasks.cli calls it last
         if trainer.state.fn != TrainerFn.FITTING:
             return  # testing/validating: there is no training state to save
         path = _checkpoint_dir(trainer) / self.filename
@@ -447,21 +302,3 @@ def _rng_states_of_all_ranks(trainer) -> list[dict]:
 def _checkpoint_dir(trainer) -> Path:
     cb = trainer.checkpoint_callback
     return Path(cb.dirpath) if cb is not None and cb.dirpath else Path(trainer.default_root_dir) / "checkpoints"
-
-
-class SignalAtStep(L.Callback):
-    """Deliver ``signum`` to this process after optimizer step ``step`` (rehearse a pre-emption,
-    a Ctrl-C or a ``kill -9``), or with ``stage=test`` after test batch ``step``."""
-
-    def __init__(self, step: int, signum: int = int(signal.SIGTERM), stage: str = "train") -> None:
-        if stage not in ("train", "test"):
-            raise ValueError(f"stage={stage!r}; valid: train, test")
-        self.step, self.signum, self.stage = step, int(signum), stage
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.stage == "train" and trainer.global_step == self.step and trainer.is_global_zero:
-            os.kill(os.getpid(), self.signum)
-
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        if self.stage == "test" and batch_idx == self.step and trainer.is_global_zero:
-            os.kill(os.getpid(), self.signum)

@@ -11,7 +11,6 @@ weights. ``eval_net`` names the network validation and test run: the EMA copy wh
 
 from __future__ import annotations
 
-
 import lightning as L
 import torch
 import torch.nn.functional as F

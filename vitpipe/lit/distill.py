@@ -23,12 +23,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitpipe.data.checks import to_hw
-from vitpipe.errors import ConfigError
+from vitpipe.errors import ConfigError, to_hw
 from vitpipe.models.timm_model import plain_kwargs
 
 TYPES = ("soft", "hard")
@@ -84,7 +82,7 @@ def load_teacher(spec: str, *, num_classes: int, in_chans: int, arch: str | None
     """The teacher named by ``module.distill.teacher``, frozen, in eval mode, on the CPU.
 
     A vitpipe checkpoint (a ``.ckpt`` file or run directory) is rebuilt through
-    ``vitpipe.checkpoint`` (its config is data, checked there); a folder holding ``config.json`` is a
+    ``vitpipe.run.checkpoint`` (its config is data, checked there); a folder holding ``config.json`` is a
     timm export (``format=timm``); a weights file needs ``arch`` (its timm model name); anything
     else must be a timm model name with weights in the HF cache. The teacher must predict the
     data's ``num_classes`` classes. ``teacher.img_size`` is its input size: ``img_size``, else what a
@@ -94,7 +92,8 @@ def load_teacher(spec: str, *, num_classes: int, in_chans: int, arch: str | None
 
     path = Path(spec)
     if path.suffix == ".ckpt" or (path.is_dir() and not (path / "config.json").is_file()):
-        from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
+        from vitpipe.run.checkpoint import load_checkpoint, rebuild
+        from vitpipe.run.paths import resolve_ckpt_path
 
         ckpt = resolve_ckpt_path(spec, which="best")
         teacher = rebuild(load_checkpoint(ckpt), ckpt).net  # EMA weights when the run kept them

@@ -11,8 +11,7 @@ import timm
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from vitpipe.data.checks import to_hw
-from vitpipe.errors import ConfigError
+from vitpipe.errors import ConfigError, to_hw
 
 
 def create_timm_model(name: str, *, num_classes: int, in_chans: int, img_size: int | list[int] = 32,

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.functional.classification import binary_calibration_error
 
-from vitpipe.runinfo import atomic_write_text
+from vitpipe.run.files import atomic_write_text
+from vitpipe.run.paths import run_dir_of
 
 N_BINS = 15
 CALIBRATION_FILE = "calibration.json"  # beside the checkpoint; predict applies it to that checkpoint and TTA only
@@ -140,7 +141,7 @@ def find_temperature(ckpt_path: Path, checkpoint: dict, *, tta: str) -> tuple[fl
     Looked up beside the checkpoint (where eval writes it), then in its run directory (an older place).
     """
     ckpt_path = Path(ckpt_path)
-    run = ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else ckpt_path.parent
+    run = run_dir_of(ckpt_path)
     identity = checkpoint_identity(ckpt_path, checkpoint)
     refusal = None
     for folder in dict.fromkeys((ckpt_path.parent, run)):

@@ -40,6 +40,7 @@ from vitpipe.report.callback import ReportCallback
 from vitpipe.report.history import HISTORY_FILE
 from vitpipe.report.predictions import Predictions, TestPredictions, evaluated_net
 from vitpipe.report.tta import TTAS, at_test_time
+from vitpipe.run.paths import run_dir_of
 
 SPLITS = ("test", "val")
 
@@ -123,7 +124,7 @@ def evaluate_with_report(cfg: DictConfig, trainer: L.Trainer, module: L.Lightnin
     """
     opts = eval_options(cfg)
     out, ckpt_path = Path(cfg.paths.output_dir), Path(ckpt_path)
-    history = ckpt_path.parent.parent / HISTORY_FILE  # <run dir>/checkpoints/x.ckpt -> <run dir>/history.csv
+    history = run_dir_of(ckpt_path) / HISTORY_FILE  # the run's per-epoch history, beside its checkpoints/
     if history.is_file() and history.parent.resolve() != out.resolve():
         out.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(history, out / HISTORY_FILE)
@@ -151,7 +152,7 @@ def evaluate_with_report(cfg: DictConfig, trainer: L.Trainer, module: L.Lightnin
         metrics |= {"test/temperature": temperature, "test/nll_uncalibrated": nll(raw, result.target),
                     "test/ece_uncalibrated": before.ece()}
         if checkpoint is None:
-            from vitpipe.checkpoint import load_checkpoint
+            from vitpipe.run.checkpoint import load_checkpoint
 
             checkpoint = load_checkpoint(ckpt_path)
         write_calibration(
@@ -197,7 +198,7 @@ def _as_test_split(datamodule, split: str):
 def _predict_split(cfg: DictConfig, module, datamodule, split: str, *, tta: str) -> Predictions:
     """Logits of a whole split, through a Trainer of the eval config (devices, precision) that
     writes nothing."""
-    from vitpipe.config import instantiate_checked
+    from vitpipe.config.build import instantiate_checked
 
     collector = TestPredictions()
     trainer = instantiate_checked(cfg.trainer, "trainer", logger=False, callbacks=[collector],

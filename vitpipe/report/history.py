@@ -15,7 +15,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
-from vitpipe.runinfo import atomic_write_text
+from vitpipe.run.files import atomic_write_text
 
 HISTORY_FILE = "history.csv"
 FIRST = ["epoch", "step", "lr"]

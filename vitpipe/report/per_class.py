@@ -19,7 +19,7 @@ from torchmetrics.functional.classification import (
     multiclass_recall,
 )
 
-from vitpipe.runinfo import atomic_write_text
+from vitpipe.run.files import atomic_write_text
 
 
 def per_class_metrics(target: Tensor, pred: Tensor, num_classes: int) -> dict[str, Tensor]:

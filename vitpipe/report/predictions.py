@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from vitpipe.report.calibration import expected_calibration_error
 from vitpipe.report.samples import dataset_targets, sample_path
-from vitpipe.runinfo import atomic_write_text
+from vitpipe.run.files import atomic_write_text
 
 PREDICTIONS_FILE = "predictions.csv"
 

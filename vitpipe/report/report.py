@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-from vitpipe.markdown import escape
 from vitpipe.report.calibration import N_BINS, expected_calibration_error, reliability_bins
 from vitpipe.report.figures import (
     calibration_figure,
@@ -23,6 +22,7 @@ from vitpipe.report.figures import (
     save_figure,
 )
 from vitpipe.report.history import HISTORY_FILE, read_history
+from vitpipe.report.markdown import escape
 from vitpipe.report.per_class import (
     confusion_counts,
     per_class_metrics,
@@ -31,7 +31,7 @@ from vitpipe.report.per_class import (
     write_per_class,
 )
 from vitpipe.report.predictions import PREDICTIONS_FILE, read_predictions
-from vitpipe.runinfo import atomic_write_text
+from vitpipe.run.files import atomic_write_text
 
 REPORT_DIR = "report"
 NUM_ERRORS = 16

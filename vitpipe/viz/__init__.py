@@ -1,7 +1,7 @@
 """Attention visualisation: rollout, gradient rollout, raw and cross-attention maps, overlays."""
 
+from vitpipe.run.checkpoint import load_from_checkpoint  # the notebooks' one-liner
 from vitpipe.viz.callback import RolloutCallback
-from vitpipe.checkpoint import load_from_checkpoint  # the notebooks' one-liner
 from vitpipe.viz.overlay import overlay, overlay_grid, save_figure, save_overlay, unnormalize
 from vitpipe.viz.rollout import (
     attention_maps,

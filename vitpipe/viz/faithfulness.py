@@ -20,7 +20,6 @@ trapezoid rule over that fraction: AUCs lie in [0, 1]. The network is used as gi
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitpipe.errors import ConfigError

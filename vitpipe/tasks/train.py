@@ -14,21 +14,28 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
-from vitpipe.checkpoint import check_fits, load_checkpoint, resolve_ckpt_path
-from vitpipe.config import (
+from vitpipe.config.build import (
     apply_lr_scaling,
     check_config,
     check_device,
-    set_sweep_group,
     instantiate_callbacks,
-    instantiate_loggers,
     instantiate_checked,
+    instantiate_loggers,
+    set_sweep_group,
 )
+from vitpipe.config.recipe import announce_recipe
 from vitpipe.errors import ConfigError
-from vitpipe.recipe import announce_recipe
-from vitpipe.rundir import live
-from vitpipe.runinfo import (ConfigInCheckpoint, collect_metrics, finish_loggers, output_dir, print_summary,
-                             write_run_files)
+from vitpipe.run.checkpoint import check_fits, load_checkpoint
+from vitpipe.run.dirs import live
+from vitpipe.run.info import (
+    ConfigInCheckpoint,
+    collect_metrics,
+    finish_loggers,
+    output_dir,
+    print_summary,
+    write_run_files,
+)
+from vitpipe.run.paths import resolve_ckpt_path
 
 
 def build(cfg: DictConfig, *, checkpoint: dict | None = None):
@@ -55,7 +62,7 @@ def build(cfg: DictConfig, *, checkpoint: dict | None = None):
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train (and test) per ``cfg``; returns the final metrics, also written to metrics.json.
 
-    While it runs, the run directory is marked live (``vitpipe.rundir``): ``ckpt_path=last`` passes
+    While it runs, the run directory is marked live (``vitpipe.run.dirs``): ``ckpt_path=last`` passes
     over it instead of forking a run that is still being written."""
     with live(output_dir(cfg)):
         return _train(cfg)

@@ -19,12 +19,11 @@ from a checkpoint, never makes this module import a package.
 
 from __future__ import annotations
 
-import os
-
 import collections.abc
 import difflib
 import importlib
 import inspect
+import os
 import types
 import typing
 from typing import Any, Callable

@@ -35,10 +35,10 @@ if not OmegaConf.has_resolver("auto_precision"):
 
 def check_config(cfg: DictConfig) -> None:
     """Checks that need no data (a mistake here would otherwise surface mid-run): every value
-    against what it builds (``vitpipe.validate``), then the cross-group ones. A null data.num_classes
+    against what it builds (``vitpipe.config.checks``), then the cross-group ones. A null data.num_classes
     is first filled in from the data's files where they say it (``vitpipe.data.num_classes``)."""
+    from vitpipe.config.checks import check_values
     from vitpipe.data.num_classes import resolve_num_classes
-    from vitpipe.validate import check_values
 
     resolve_num_classes(cfg.get("data"))
     check_values(cfg)

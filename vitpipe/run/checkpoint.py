@@ -1,4 +1,4 @@
-"""Checkpoints: which file ``ckpt_path`` means, reading it as data, rebuilding its run safely.
+"""Checkpoints: reading one as data, checking its stored config, rebuilding its run safely.
 
 A checkpoint written by ``scripts/train.py`` holds
 
@@ -13,44 +13,24 @@ A checkpoint is a file someone may hand us, so it is data, never code: it is rea
 found in ``ALLOWED_TARGETS``. Where output goes, where data lives and how the Trainer, loggers and
 callbacks run always come from the current command line and its defaults, never from the file.
 
-Which checkpoint ``ckpt_path`` means (``resolve_ckpt_path``, used by train, eval, visualize,
-predict and export):
-
-    a file       that file
-    a directory  the run it holds (the newest one when it holds several, e.g. logs/train/), then
-                 which="best": the checkpoint ModelCheckpoint recorded as best (best_model_path in
-                               last.ckpt, else in the newest checkpoint), found by name in the folder
-                               (a moved run still finds it); with nothing recorded yet, the one
-                               checkpoint besides last.ckpt, else last.ckpt; a folder holding one
-                               checkpoint: that one. A recorded best that is not in the folder, or
-                               several checkpoints and no readable record, is refused (ConfigError,
-                               one line naming the files): no other file stands in for it. Eval,
-                               visualize, predict and export use "best": the weights the run's own test used.
-                 which="last": last.ckpt, the newest state (else the newest checkpoint). Train's resume.
-    last         the newest run under ``log_dir``, then as for a directory
-
-When a directory holds several runs (``last``, or e.g. ``logs/train/``), runs still being written
-(their process alive) are passed over, and the run chosen is printed (a sweep job is named as one).
+Which checkpoint ``ckpt_path`` means is ``vitpipe.run.paths.resolve_ckpt_path``.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import pickle
-import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
 
-from vitpipe.config import instantiate_checked
+from vitpipe.config.build import instantiate_checked
 from vitpipe.errors import ConfigError
-from vitpipe.rundir import is_live
+from vitpipe.run.paths import default_paths, resolve_ckpt_path, why_unreadable
 
 log = logging.getLogger(__name__)
 
@@ -79,115 +59,6 @@ _SPECIAL_KEYS_ALLOWED = {"_target_", "_partial_"}
 _INIT_WEIGHT_KEYS = ("pretrained", "encoder_ckpt")
 
 
-# --------------------------------------------------------------------------- which file
-
-
-def resolve_ckpt_path(value, *, log_dir=None, which: str = "best") -> Path:
-    """The checkpoint file ``value`` (a file, a run directory or ``last``) means; see the module
-    docstring for the rule. ``log_dir``: where ``last`` looks. Raises ConfigError."""
-    if which not in ("best", "last"):
-        raise ValueError(f"which={which!r}; valid choices: best, last")
-    if value is None or str(value) == "":
-        raise ConfigError("ckpt_path is not set; pass ckpt_path=<a .ckpt file, a run directory or `last`>")
-    if str(value) == "last":
-        if log_dir is None:
-            raise ConfigError("ckpt_path=last needs a log directory to search; pass a .ckpt file or a run directory")
-        run = _newest_run(Path(log_dir), what="ckpt_path=last")
-        if run is None:
-            raise ConfigError(f"ckpt_path=last: no checkpoint under {log_dir}; pass ckpt_path=<file or run dir>")
-        return _pick(run, which, "ckpt_path=last")
-    path = Path(str(value)).expanduser()
-    if path.is_file():
-        return path
-    if path.is_dir():
-        run = _newest_run(path, what=f"ckpt_path={value}")
-        if run is None:
-            raise ConfigError(f"ckpt_path={value}: that directory holds no .ckpt file; "
-                              "pass a checkpoint file or a run directory")
-        return _pick(run, which, f"ckpt_path={value}")
-    raise ConfigError(f"ckpt_path={value}: no such file or directory; pass a .ckpt file, a run directory or `last`")
-
-
-def _run_dir(folder: Path) -> Path:
-    """The run directory of a folder holding checkpoints (``<run>/checkpoints/`` -> ``<run>``)."""
-    return folder.parent if folder.name == "checkpoints" else folder
-
-
-def _newest_run(root: Path, *, what: str) -> Path | None:
-    """The checkpoint folder of ``root``'s newest run, or None. When ``root`` holds several runs, runs
-    whose process is still alive (``vitpipe.rundir.is_live``) are passed over, and the choice is
-    printed (always for ``last``): which run, whether it is a sweep job, what was skipped."""
-    found = [p for p in root.rglob("*.ckpt") if p.is_file()]
-    if not found:
-        return None
-    newest: dict[Path, float] = {}
-    for p in found:
-        newest[p.parent] = max(newest.get(p.parent, 0.0), p.stat().st_mtime)
-    folders = sorted(newest, key=newest.get, reverse=True)
-    if len(folders) == 1 and what != "ckpt_path=last":  # the run directory itself was given
-        if is_live(_run_dir(folders[0])):
-            _say(f"vitpipe: {what}: that run is still being written; using its newest checkpoint as it is now")
-        return folders[0]
-    alive = [f for f in folders if is_live(_run_dir(f))]
-    done = [f for f in folders if f not in alive]
-    if not done:
-        raise ConfigError(f"{what}: every run under {root} is still running ({_run_dir(alive[0])} is the newest); "
-                          f"pass ckpt_path=<its run dir or a .ckpt file> to use a live run's checkpoint anyway")
-    run = _run_dir(done[0])
-    sweep = (f", job {run.name} of the sweep {run.parent}" if (run.parent / "multirun.yaml").is_file() else "")
-    skipped = f"; passed over {len(alive)} run(s) still running, newest {_run_dir(alive[0])}" if alive else ""
-    _say(f"vitpipe: {what} -> run {run}{sweep}{skipped}")
-    return done[0]
-
-
-@rank_zero_only
-def _say(line: str) -> None:
-    print(line, flush=True)
-
-
-def _pick(folder: Path, which: str, what: str) -> Path:
-    last = folder / "last.ckpt"
-    last = last if last.is_file() else None
-    others = sorted((p for p in folder.glob("*.ckpt") if p.is_file() and p != last), key=lambda p: p.stat().st_mtime)
-    if which == "last":
-        return last or others[-1]
-    if last is None and len(others) == 1:  # a folder holding one checkpoint (perhaps renamed): that one
-        return others[0]
-    # the best is what ModelCheckpoint recorded, in last.ckpt (else in the newest checkpoint); looked up
-    # by name in this folder, so a moved or copied run still finds it, and never read from the path a
-    # file names. When the record points nowhere here, no other file stands in for it: eval, predict and
-    # export would report numbers the run never had under its name.
-    recorder = last or others[-1]
-    recorded, why = _recorded_best(recorder)
-    present = [p.name for p in [*others, *([last] if last else [])]]
-    if recorded:
-        name = PurePosixPath(recorded).name
-        if (folder / name).is_file():
-            return folder / name
-        raise ConfigError(f"{what}: the run records {recorded} as its best checkpoint, but {folder} has no {name} "
-                          f"(it holds {', '.join(sorted(present))}); pass ckpt_path=<one of those files>")
-    if len(others) <= 1:  # nothing ranked yet: the one checkpoint besides last.ckpt, else last.ckpt
-        return others[0] if others else last
-    source = (f"{recorder.name}, which records it, cannot be read: {why}" if why
-              else "none records it (no ModelCheckpoint state)")
-    raise ConfigError(f"{what}: cannot tell which of {len(others)} checkpoints is the best: {source}; "
-                      f"pass ckpt_path=<one of {', '.join(sorted(present))}>")
-
-
-def _recorded_best(path: Path) -> tuple[str | None, str | None]:
-    """(the best_model_path that ``path``'s ModelCheckpoint state records, or None; why the file could
-    not be read, or None). Read with mmap: no weights are loaded."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # noqa: BLE001 - said in the caller's one line
-        return None, _why_unreadable(path, e).split(";")[0].rstrip(".")  # the reason, without its advice
-    callbacks = ckpt.get("callbacks") if isinstance(ckpt, dict) else None
-    states = callbacks.values() if isinstance(callbacks, dict) else ()
-    # ModelCheckpoint (or a subclass) keeps best_model_path; "" until its first top-k save
-    return next((str(s["best_model_path"]) for s in states
-                 if isinstance(s, dict) and s.get("best_model_path")), None), None
-
-
 # --------------------------------------------------------------------------- reading
 
 
@@ -198,31 +69,13 @@ def load_checkpoint(path) -> dict:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - every failure becomes one sentence naming the file
-        raise ConfigError(f"cannot read checkpoint {path}: {_why_unreadable(path, e)}") from None
+        raise ConfigError(f"cannot read checkpoint {path}: {why_unreadable(path, e)}") from None
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
         raise ConfigError(f"{path} is not a Lightning checkpoint: it holds no state_dict; "
                           "pass a .ckpt written by scripts/train.py.")
     if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in ckpt["state_dict"].items()):
         raise ConfigError(f"{path} is not a Lightning checkpoint: its state_dict holds values that are not tensors.")
     return ckpt
-
-
-def _why_unreadable(path: Path, err: Exception) -> str:
-    if isinstance(err, OSError):
-        return f"{err.strerror or err}."
-    if isinstance(err, pickle.UnpicklingError) and "weights only load failed" in str(err).lower():
-        found = re.search(r"GLOBAL ([\w.]+)", str(err))
-        what = f" ({found.group(1)})" if found else ""
-        return (f"it holds a pickled Python object{what} that loading would have to run as code, and vitpipe "
-                "only loads tensors and plain values from files; use a checkpoint written by scripts/train.py.")
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if not head:
-        return "the file is empty."
-    if head.startswith(b"PK") or head[:1] == b"\x80":  # a torch.save zip archive / an old-style pickle
-        return ("the file is truncated or corrupt (it was probably cut short while being written or copied); "
-                "use another checkpoint of the run.")
-    return "it is not a PyTorch checkpoint (torch.save writes a zip archive); pass a .ckpt written by scripts/train.py."
 
 
 def check_fits(state_dict: dict, net: nn.Module, path) -> None:
@@ -274,7 +127,7 @@ def _check_node(node, where: str, allowed: frozenset[str], path) -> None:
                 raise ConfigError(f"refused checkpoint {path}: its stored config has a key {k!r} under {where}")
             if k == "_target_" and (not isinstance(v, str) or v not in allowed):
                 raise ConfigError(f"refused checkpoint {path}: its stored config names {here}={v!r}, which is not one "
-                                  f"of vitpipe's builders (vitpipe.checkpoint.ALLOWED_TARGETS); nothing was called")
+                                  f"of vitpipe's builders (vitpipe.run.checkpoint.ALLOWED_TARGETS); nothing was called")
             if k.startswith("_") and k.endswith("_") and k not in _SPECIAL_KEYS_ALLOWED:
                 raise ConfigError(f"refused checkpoint {path}: its stored config uses the Hydra key {here}, "
                                   "which vitpipe's configs never write")
@@ -321,12 +174,6 @@ def _escapes(value: str) -> bool:
     return value.startswith(("/", "~")) or ".." in p.parts
 
 
-def _default_paths() -> DictConfig:
-    root = Path.cwd()  # conf/paths/default.yaml's layout, for callers without a Hydra config
-    return OmegaConf.create({"root_dir": str(root), "data_dir": str(root / "data"), "log_dir": str(root / "logs"),
-                             "output_dir": str(root)})
-
-
 # --------------------------------------------------------------------------- rebuilding
 
 
@@ -356,7 +203,7 @@ def rebuild(checkpoint: dict, path, *, data: DictConfig | None = None, paths: Di
     sections = check_stored_config(checkpoint, path)
     cfg = OmegaConf.create({"task_name": task_name, "model": sections["model"], "module": sections["module"]})
     with open_dict(cfg):
-        cfg.paths = paths if paths is not None else _default_paths()
+        cfg.paths = paths if paths is not None else default_paths()
         if data is not None:
             cfg.data = data  # its ${model.*} interpolations resolve against the stored model
         elif sections["data"] is not None:

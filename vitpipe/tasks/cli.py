@@ -23,10 +23,11 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
+from vitpipe.config.checks import check_wandb_login, did_you_mean
 from vitpipe.errors import ConfigError
-from vitpipe.lit.checkpointing import DiskFullError, SecondInterrupt, disk_full_cause
+from vitpipe.lit.checkpointing import SecondInterrupt
 from vitpipe.lit.classifier import NonFiniteLossError
-from vitpipe.validate import check_wandb_login, did_you_mean
+from vitpipe.run.files import DiskFullError, disk_full_cause
 
 EXIT_CONFIG, EXIT_NONFINITE, EXIT_DISK_FULL = 2, 3, 74
 

@@ -32,13 +32,14 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor
 from tqdm import tqdm
 
-from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
-from vitpipe.config import resolve_device
+from vitpipe.config.build import resolve_device
 from vitpipe.data.fast import to_model_input
 from vitpipe.data.images import open_image
 from vitpipe.errors import ConfigError
 from vitpipe.models.vit import ViT
-from vitpipe.runinfo import atomic_write_text
+from vitpipe.run.checkpoint import load_checkpoint, rebuild
+from vitpipe.run.files import atomic_write_text
+from vitpipe.run.paths import resolve_ckpt_path
 from vitpipe.viz.faithfulness import FILLS, check_steps, faithfulness_table, format_table
 from vitpipe.viz.overlay import overlay, overlay_grid, save_figure, to_numpy_image, unnormalize
 from vitpipe.viz.rollout import (

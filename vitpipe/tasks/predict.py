@@ -1,6 +1,6 @@
 """``predict(cfg) -> output file``: the body of ``scripts/predict.py``: image files -> labels or captions.
 
-checkpoint -> network + the run's eval transform (``vitpipe.preprocess``) -> batches of files ->
+checkpoint -> network + the run's eval transform (``vitpipe.data.preprocess``) -> batches of files ->
 
 * classifiers: one row per image, ``path,label,prob,top2_label,top2_prob,...`` up to ``topk``
   (class names stored in the checkpoint); probabilities as eval computes them
@@ -32,10 +32,10 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from vitpipe.data.images import is_image_file, open_image
+from vitpipe.data.preprocess import Preprocess
 from vitpipe.errors import ConfigError
-from vitpipe.preprocess import Preprocess
 from vitpipe.report.tta import TTAS, tta_logits
-from vitpipe.runinfo import atomic_write_text
+from vitpipe.run.files import atomic_write_text
 
 OUT_SUFFIXES = (".csv", ".json")
 
@@ -135,12 +135,6 @@ def label_names(class_names, num_classes: int) -> list[str]:
 # --------------------------------------------------------------------------- files beside a checkpoint
 
 
-def run_dir_of(ckpt_path: Path) -> Path:
-    """The run directory a checkpoint belongs to (``<run>/checkpoints/x.ckpt`` -> ``<run>``)."""
-    ckpt_path = Path(ckpt_path)
-    return ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else ckpt_path.parent
-
-
 def calibration_temperature(ckpt_path: Path, checkpoint: dict, *, tta: str = "none") -> float | None:
     """The temperature of a ``calibration.json`` (beside the checkpoint, or in its run directory) fitted
     on this checkpoint with this ``tta``; else None, with one line on stderr when a file was passed over."""
@@ -207,9 +201,10 @@ def check_options(cfg: DictConfig) -> None:
 
 def predict(cfg: DictConfig) -> Path:
     """Predict every image ``cfg.images`` names with checkpoint ``cfg.ckpt_path``; returns the file written."""
-    from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
-    from vitpipe.config import resolve_device
+    from vitpipe.config.build import resolve_device
     from vitpipe.report.evaluation import unseen_flip_warning
+    from vitpipe.run.checkpoint import load_checkpoint, rebuild
+    from vitpipe.run.paths import resolve_ckpt_path
 
     check_options(cfg)
     device = resolve_device(cfg.device)

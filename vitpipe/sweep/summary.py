@@ -7,7 +7,7 @@ the end; ``scripts/sweep_report.py <sweep_dir>`` rebuilds them from the job fold
                   digits, 1.04e-03; metrics to 4)
     summary.md    the settings every job shared, then the table of what varied, then the figures
     summary.png   the metric per job; each bar is labelled "#<job> <the overrides that vary>"
-    optuna_*.png  Optuna sweeps only (vitpipe.sweep_optuna): history, slices, importances
+    optuna_*.png  Optuna sweeps only (vitpipe.sweep.optuna): history, slices, importances
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from hydra.experimental.callback import Callback
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from vitpipe.runinfo import atomic_write_text
+from vitpipe.run.files import atomic_write_text
 
 SLURM_STATE = ".slurm_state"  # hydra_plugins/vitpipe_slurm: the SLURM state of a job that left no result
 METRIC_ORDER = ("val/acc_best", "test/acc", "test/acc_top5", "test/loss", "val/cider_best", "test/bleu4", "test/cider")
@@ -123,7 +123,7 @@ def write_summary(sweep_dir: str | Path, metric: str | None = None) -> list[dict
         if fig is not None:
             fig.savefig(sweep_dir / "summary.png", dpi=100)
             figures.append("summary.png")
-        from vitpipe.sweep_optuna import optuna_figures  # optuna only loads for Optuna sweeps
+        from vitpipe.sweep.optuna import optuna_figures  # optuna only loads for Optuna sweeps
 
         figures += optuna_figures(sweep_dir, rows, metric)
 

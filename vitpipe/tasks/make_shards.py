@@ -31,10 +31,10 @@ from torch import Tensor
 from tqdm import tqdm
 
 from vitpipe.data.base import ClassificationDataModule
+from vitpipe.data.shards import FORMAT_VERSION, INDEX_FILE
 from vitpipe.data.splits import split_indices
+from vitpipe.run.files import atomic_write_json
 
-INDEX_FILE = "vitpipe_shards.json"
-FORMAT_VERSION = 1
 SPLITS = ("train", "val", "test")
 
 
@@ -135,7 +135,7 @@ def make_shards(dm: ClassificationDataModule, out: str, *, shard_size: str = "64
             "count": len(indices), "chunk_sizes": _chunk_sizes(split_dir),
             "class_counts": torch.bincount(labels, minlength=dm.num_classes).tolist(),
         }  # fmt: skip
-    _write_json_atomic(os.path.join(out, INDEX_FILE), index)
+    atomic_write_json(os.path.join(out, INDEX_FILE), index)
     return index
 
 
@@ -147,13 +147,6 @@ def _label(ds, i: int) -> int:
     if labels is not None:
         return int(labels[i])
     return int(ds[i][1])
-
-
-def _write_json_atomic(path: str, data: dict) -> None:
-    with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path) or ".", prefix=".tmp-", delete=False) as f:
-        json.dump(data, f, indent=1)
-    os.chmod(f.name, 0o644)
-    os.replace(f.name, path)
 
 
 def make_shards_from_config(cfg) -> dict:

@@ -75,10 +75,9 @@ def optuna_figures(sweep_dir: Path, rows: list[dict], metric: str) -> list[str]:
     sweeper = sweeper_config(sweep_dir)
     if sweeper is None:
         return []
+    import matplotlib
     import optuna
     from optuna.visualization import matplotlib as ovm
-
-    import matplotlib
 
     written = []
     # rc_context: optuna's plots switch pyplot to the ggplot style globally; keep that inside these two plots.

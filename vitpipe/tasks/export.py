@@ -15,6 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from vitpipe.data.preprocess import Preprocess
 from vitpipe.errors import ConfigError
 from vitpipe.export.hub import check_repo_id, push_folder
 from vitpipe.export.model_card import model_card
@@ -22,8 +23,8 @@ from vitpipe.export.onnx_format import export_onnx
 from vitpipe.export.staging import check_out_folder
 from vitpipe.export.timm_format import save_timm, timm_arch
 from vitpipe.models.timm_compat import timm_kwargs
-from vitpipe.predict import calibration_temperature, run_dir_of
-from vitpipe.preprocess import Preprocess
+from vitpipe.run.paths import run_dir_of
+from vitpipe.tasks.predict import calibration_temperature
 
 FORMATS = ("timm", "onnx")
 
@@ -53,7 +54,8 @@ def output_path(cfg: DictConfig) -> Path | None:
 
 
 def export(cfg: DictConfig) -> Path:
-    from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
+    from vitpipe.run.checkpoint import load_checkpoint, rebuild
+    from vitpipe.run.paths import resolve_ckpt_path
 
     out = output_path(cfg)
     path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best")

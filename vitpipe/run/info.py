@@ -11,12 +11,12 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from vitpipe.lit.checkpointing import atomic_write
+from vitpipe.run.files import atomic_write_text
 
 
 class ConfigInCheckpoint(L.Callback):
     """Store the resolved run config and the class names in each checkpoint, so a checkpoint
-    rebuilds its model alone (``vitpipe.checkpoint.rebuild``) and names its predictions.
+    rebuilds its model alone (``vitpipe.run.checkpoint.rebuild``) and names its predictions.
 
     The config is resolved at ``setup``, not at construction: train() rescales the lr
     (``apply_lr_scaling``) after the Trainer exists, and the stored config must equal config.yaml.
@@ -36,11 +36,6 @@ class ConfigInCheckpoint(L.Callback):
         names = getattr(trainer.datamodule, "class_names", None)
         checkpoint["class_names"] = None if names is None else [str(n) for n in names]
 
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary file and rename: a crash never leaves a half-written file, a full
-    disk leaves the old one (``DiskFullError``); the file gets the user's umask."""
-    atomic_write(Path(path), lambda f: f.write(text.encode()))
 
 
 def output_dir(cfg: DictConfig) -> Path:

@@ -1,6 +1,6 @@
 """``evaluate(cfg) -> metrics``: test a checkpoint (the body of ``scripts/eval.py``).
 
-The checkpoint is read once (``vitpipe.checkpoint``) and its run rebuilt from its stored model,
+The checkpoint is read once (``vitpipe.run.checkpoint``) and its run rebuilt from its stored model,
 data and module config, checked against an allow-list before anything is built. Output
 directories, data roots and the Trainer come from the eval config, never from the checkpoint.
 """
@@ -14,8 +14,7 @@ from pathlib import Path
 import lightning as L
 from omegaconf import DictConfig
 
-from vitpipe.checkpoint import load_checkpoint, rebuild, resolve_ckpt_path
-from vitpipe.config import instantiate_checked
+from vitpipe.config.build import instantiate_checked
 from vitpipe.report.evaluation import (
     carve_warning,
     eval_options,
@@ -23,7 +22,9 @@ from vitpipe.report.evaluation import (
     report_callbacks,
     unseen_flip_warning,
 )
-from vitpipe.runinfo import print_summary, write_run_files
+from vitpipe.run.checkpoint import load_checkpoint, rebuild
+from vitpipe.run.info import print_summary, write_run_files
+from vitpipe.run.paths import resolve_ckpt_path
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""What a run writes and reads back: safe file writes, run directories, checkpoints, run files."""

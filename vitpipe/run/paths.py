@@ -1,0 +1,180 @@
+"""Which run, and which checkpoint of it, a path means; where a run's files live.
+
+Which checkpoint ``ckpt_path`` means (``resolve_ckpt_path``, used by train, eval, visualize,
+predict and export):
+
+    a file       that file
+    a directory  the run it holds (the newest one when it holds several, e.g. logs/train/), then
+                 which="best": the checkpoint ModelCheckpoint recorded as best (best_model_path in
+                               last.ckpt, else in the newest checkpoint), found by name in the folder
+                               (a moved run still finds it); with nothing recorded yet, the one
+                               checkpoint besides last.ckpt, else last.ckpt; a folder holding one
+                               checkpoint: that one. A recorded best that is not in the folder, or
+                               several checkpoints and no readable record, is refused (ConfigError,
+                               one line naming the files): no other file stands in for it. Eval,
+                               visualize, predict and export use "best": the weights the run's own test used.
+                 which="last": last.ckpt, the newest state (else the newest checkpoint). Train's resume.
+    last         the newest run under ``log_dir``, then as for a directory
+
+When a directory holds several runs (``last``, or e.g. ``logs/train/``), runs still being written
+(their process alive) are passed over, and the run chosen is printed (a sweep job is named as one).
+
+``run_dir_of`` is the one place that maps a checkpoint to its run directory (``<run>/checkpoints/x.ckpt``
+-> ``<run>``: its history.csv, calibration.json, config.yaml); ``default_paths`` is
+``conf/paths/default.yaml`` for callers outside a Hydra run (a notebook's ``load_from_checkpoint``).
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path, PurePosixPath
+
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from vitpipe.errors import ConfigError
+from vitpipe.run.dirs import is_live
+
+CHECKPOINTS = "checkpoints"  # <run>/checkpoints/: ModelCheckpoint's dirpath in conf/callbacks/default.yaml
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the checkout's Hydra configs
+
+
+def default_paths() -> DictConfig:
+    """``conf/paths/default.yaml`` resolved outside a Hydra run: rooted at the working directory, output
+    there too (no Hydra run directory exists)."""
+    spec = CONF_DIR / "paths" / "default.yaml"
+    if not spec.is_file():
+        raise ConfigError(f"{spec} is missing: vitpipe reads its configs from the checkout (pip install -e .)")
+    paths = OmegaConf.load(spec)
+    paths.output_dir = "${paths.root_dir}"  # was ${hydra:runtime.output_dir}
+    return OmegaConf.create(OmegaConf.to_container(OmegaConf.create({"paths": paths}), resolve=True)["paths"])
+
+
+def resolve_ckpt_path(value, *, log_dir=None, which: str = "best") -> Path:
+    """The checkpoint file ``value`` (a file, a run directory or ``last``) means; see the module
+    docstring for the rule. ``log_dir``: where ``last`` looks. Raises ConfigError."""
+    if which not in ("best", "last"):
+        raise ValueError(f"which={which!r}; valid choices: best, last")
+    if value is None or str(value) == "":
+        raise ConfigError("ckpt_path is not set; pass ckpt_path=<a .ckpt file, a run directory or `last`>")
+    if str(value) == "last":
+        if log_dir is None:
+            raise ConfigError("ckpt_path=last needs a log directory to search; pass a .ckpt file or a run directory")
+        run = _newest_run(Path(log_dir), what="ckpt_path=last")
+        if run is None:
+            raise ConfigError(f"ckpt_path=last: no checkpoint under {log_dir}; pass ckpt_path=<file or run dir>")
+        return _pick(run, which, "ckpt_path=last")
+    path = Path(str(value)).expanduser()
+    if path.is_file():
+        return path
+    if path.is_dir():
+        run = _newest_run(path, what=f"ckpt_path={value}")
+        if run is None:
+            raise ConfigError(f"ckpt_path={value}: that directory holds no .ckpt file; "
+                              "pass a checkpoint file or a run directory")
+        return _pick(run, which, f"ckpt_path={value}")
+    raise ConfigError(f"ckpt_path={value}: no such file or directory; pass a .ckpt file, a run directory or `last`")
+
+
+def run_dir_of(path) -> Path:
+    """The run directory a checkpoint file or checkpoint folder belongs to: ``<run>/checkpoints/x.ckpt``
+    and ``<run>/checkpoints/`` -> ``<run>``; a checkpoint elsewhere -> its folder."""
+    path = Path(path)
+    folder = path.parent if path.suffix == ".ckpt" or path.is_file() else path
+    return folder.parent if folder.name == CHECKPOINTS else folder
+
+
+def _newest_run(root: Path, *, what: str) -> Path | None:
+    """The checkpoint folder of ``root``'s newest run, or None. When ``root`` holds several runs, runs
+    whose process is still alive (``vitpipe.run.dirs.is_live``) are passed over, and the choice is
+    printed (always for ``last``): which run, whether it is a sweep job, what was skipped."""
+    found = [p for p in root.rglob("*.ckpt") if p.is_file()]
+    if not found:
+        return None
+    newest: dict[Path, float] = {}
+    for p in found:
+        newest[p.parent] = max(newest.get(p.parent, 0.0), p.stat().st_mtime)
+    folders = sorted(newest, key=newest.get, reverse=True)
+    if len(folders) == 1 and what != "ckpt_path=last":  # the run directory itself was given
+        if is_live(run_dir_of(folders[0])):
+            _say(f"vitpipe: {what}: that run is still being written; using its newest checkpoint as it is now")
+        return folders[0]
+    alive = [f for f in folders if is_live(run_dir_of(f))]
+    done = [f for f in folders if f not in alive]
+    if not done:
+        raise ConfigError(f"{what}: every run under {root} is still running ({run_dir_of(alive[0])} is the newest); "
+                          f"pass ckpt_path=<its run dir or a .ckpt file> to use a live run's checkpoint anyway")
+    run = run_dir_of(done[0])
+    sweep = (f", job {run.name} of the sweep {run.parent}" if (run.parent / "multirun.yaml").is_file() else "")
+    skipped = f"; passed over {len(alive)} run(s) still running, newest {run_dir_of(alive[0])}" if alive else ""
+    _say(f"vitpipe: {what} -> run {run}{sweep}{skipped}")
+    return done[0]
+
+
+@rank_zero_only
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _pick(folder: Path, which: str, what: str) -> Path:
+    last = folder / "last.ckpt"
+    last = last if last.is_file() else None
+    others = sorted((p for p in folder.glob("*.ckpt") if p.is_file() and p != last), key=lambda p: p.stat().st_mtime)
+    if which == "last":
+        return last or others[-1]
+    if last is None and len(others) == 1:  # a folder holding one checkpoint (perhaps renamed): that one
+        return others[0]
+    # the best is what ModelCheckpoint recorded, in last.ckpt (else in the newest checkpoint); looked up
+    # by name in this folder, so a moved or copied run still finds it, and never read from the path a
+    # file names. When the record points nowhere here, no other file stands in for it: eval, predict and
+    # export would report numbers the run never had under its name.
+    recorder = last or others[-1]
+    recorded, why = _recorded_best(recorder)
+    present = [p.name for p in [*others, *([last] if last else [])]]
+    if recorded:
+        name = PurePosixPath(recorded).name
+        if (folder / name).is_file():
+            return folder / name
+        raise ConfigError(f"{what}: the run records {recorded} as its best checkpoint, but {folder} has no {name} "
+                          f"(it holds {', '.join(sorted(present))}); pass ckpt_path=<one of those files>")
+    if len(others) <= 1:  # nothing ranked yet: the one checkpoint besides last.ckpt, else last.ckpt
+        return others[0] if others else last
+    source = (f"{recorder.name}, which records it, cannot be read: {why}" if why
+              else "none records it (no ModelCheckpoint state)")
+    raise ConfigError(f"{what}: cannot tell which of {len(others)} checkpoints is the best: {source}; "
+                      f"pass ckpt_path=<one of {', '.join(sorted(present))}>")
+
+
+def _recorded_best(path: Path) -> tuple[str | None, str | None]:
+    """(the best_model_path that ``path``'s ModelCheckpoint state records, or None; why the file could
+    not be read, or None). Read with mmap: no weights are loaded."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # noqa: BLE001 - said in the caller's one line
+        return None, why_unreadable(path, e).split(";")[0].rstrip(".")  # the reason, without its advice
+    callbacks = ckpt.get("callbacks") if isinstance(ckpt, dict) else None
+    states = callbacks.values() if isinstance(callbacks, dict) else ()
+    # ModelCheckpoint (or a subclass) keeps best_model_path; "" until its first top-k save
+    return next((str(s["best_model_path"]) for s in states
+                 if isinstance(s, dict) and s.get("best_model_path")), None), None
+
+
+def why_unreadable(path: Path, err: Exception) -> str:
+    """Why a checkpoint file could not be read, in one sentence with what to do."""
+    if isinstance(err, OSError):
+        return f"{err.strerror or err}."
+    if isinstance(err, pickle.UnpicklingError) and "weights only load failed" in str(err).lower():
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        what = f" ({found.group(1)})" if found else ""
+        return (f"it holds a pickled Python object{what} that loading would have to run as code, and vitpipe "
+                "only loads tensors and plain values from files; use a checkpoint written by scripts/train.py.")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head:
+        return "the file is empty."
+    if head.startswith(b"PK") or head[:1] == b"\x80":  # a torch.save zip archive / an old-style pickle
+        return ("the file is truncated or corrupt (it was probably cut short while being written or copied); "
+                "use another checkpoint of the run.")
+    return "it is not a PyTorch checkpoint (torch.save writes a zip archive); pass a .ckpt written by scripts/train.py."

@@ -1,0 +1,1 @@
+"""The bodies of scripts/*.py: each script is a thin ``@hydra.main`` wrapper over one module here."""

@@ -1,0 +1,516 @@
+"""Benchmark training/inference throughput, peak memory and MFU; prints a table, writes JSON.
+
+    python scripts/benchmark.py --variant vit_ti4 --batch-size 64 --out results.json
+    python scripts/benchmark.py --only vit --device cuda --precision bf16-mixed --compile --batch-size 256
+
+Comparisons (--only, comma-separated): vit (vitpipe vs timm, same weights), lightning (plain loop vs
+Trainer.fit), data (fast path vs PIL DataLoader), shards (data=shards vs data=imagefolder reading the
+same JPEG files, decoding + augmenting in ``--workers`` processes), switches (fused AdamW, compile, channels-last, SDPA
+backends). Contenders alternate (A B, B A, ...) so a shared machine's load hits them alike; the
+figure is the median over repeats of each repeat's median step time, warm-up steps excluded.
+
+Everything trained here is built from conf/ as ``scripts/train.py model=<variant> data=synthetic``
+composes it (model, AdamW groups, schedule, label smoothing, gradient clipping), so the benchmark
+times the training recipe itself. It needs a checkout (conf/); the timing, memory and FLOP tools
+it uses are ``vitpipe.tasks.bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import functools
+import json
+import logging
+import os
+import platform
+import sys
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import lightning as L
+import timm
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.utils import instantiate
+from PIL import Image
+from timm.models.vision_transformer import VisionTransformer
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.data import DataLoader
+
+from vitpipe.data.transforms import TransformedSubset
+from vitpipe.errors import ConfigError
+from vitpipe.lit.optim import build_optimizer
+from vitpipe.models.registry import VARIANTS
+from vitpipe.models.timm_compat import from_timm
+from vitpipe.run.files import atomic_write_text
+from vitpipe.tasks.bench import (
+    MEMORY_METHOD,
+    StepClock,
+    StepMemory,
+    flops_per_image,
+    interleave_runs,
+    interleave_steps,
+    paired_ratio,
+    paired_repeat_ratio,
+    peak_tflops,
+    state_bytes,
+    summarize,
+    utilisation,
+)
+from vitpipe.tasks.train import build
+
+CONF = Path(__file__).resolve().parents[2] / "conf"  # the checkout's conf/ (vitpipe/tasks/ -> root)
+SCHEMA = "vitpipe.bench/1"
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")  # Lightning's names; the plain loops autocast the same way
+COMPARISONS = ("vit", "lightning", "data", "shards", "switches")
+DEFAULT_ONLY = ("vit", "lightning", "data")
+# name -> what differs from the eager baseline (torch's default AdamW: per-tensor loop on CPU, foreach on CUDA)
+SWITCHES = {
+    "adamw_foreach": dict(adamw={"foreach": True}), "adamw_fused": dict(adamw={"fused": True}),
+    "compile": dict(compile=True), "channels_last": dict(channels_last=True),  # touches the patch conv only
+    "sdpa_math": dict(sdpa=SDPBackend.MATH), "sdpa_flash": dict(sdpa=SDPBackend.FLASH_ATTENTION),
+    "sdpa_efficient": dict(sdpa=SDPBackend.EFFICIENT_ATTENTION), "sdpa_cudnn": dict(sdpa=SDPBackend.CUDNN_ATTENTION),
+}
+PIL_NATIVE_SIZE = 32  # the data comparison's images are CIFAR-sized
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One benchmark setting, checked on construction (ConfigError names the bad value).
+
+    steps: timed steps per repeat and contender; warmup: untimed steps before them (compilation,
+    allocator and worker start-up land there); repeats: the reported figure is the median over
+    repeats. workers: DataLoader processes of the PIL path. switches: subset to time (() = all).
+    """
+
+    variant: str = "vit_ti4"
+    img_size: int | None = None  # None: the variant's own size
+    batch_size: int = 64
+    num_classes: int = 10
+    precision: str = "32-true"
+    device: str = "cpu"
+    compile: bool = False
+    steps: int = 20
+    warmup: int = 5
+    repeats: int = 3
+    workers: int = 2
+    seed: int = 0
+    switches: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, message: str) -> None:
+            if not ok:
+                raise ConfigError(message)
+
+        check(self.variant in VARIANTS, f"variant={self.variant!r} is unknown; valid choices: {', '.join(VARIANTS)}")
+        check(self.precision in PRECISIONS, f"precision={self.precision!r}; valid choices: {', '.join(PRECISIONS)}")
+        check(self.device in ("cpu", "cuda"), f"device={self.device!r}; valid choices: cpu, cuda")
+        check(self.device == "cpu" or torch.cuda.is_available(), "device='cuda' but torch sees no CUDA device; use cpu")
+        check(self.precision != "16-mixed" or self.device == "cuda",
+              "precision='16-mixed' needs device=cuda (loss scaling); use bf16-mixed or 32-true")
+        for name in ("batch_size", "num_classes", "steps", "repeats", "warmup"):
+            check(getattr(self, name) >= 1, f"{name}={getattr(self, name)}: expected an int >= 1")
+        check(self.workers >= 0, f"workers={self.workers}: expected an int >= 0")
+        unknown = [n for n in self.switches if n not in SWITCHES]
+        check(not unknown, f"switches {unknown} unknown; valid choices: {', '.join(SWITCHES)}")
+        patch = VARIANTS[self.variant]["patch_size"]
+        check(self.size % patch == 0, f"img_size={self.size} is not a multiple of {self.variant}'s patch size {patch}")
+
+    @property
+    def size(self) -> int:
+        return self.img_size or VARIANTS[self.variant]["img_size"]
+
+    def autocast(self):
+        """The autocast context Lightning's precision plugin uses for this precision."""
+        if self.precision == "32-true":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device, dtype=torch.bfloat16 if self.precision == "bf16-mixed" else torch.float16)
+
+
+def recipe(cfg: BenchConfig, *, batches: int = 1, native_size: int | None = None):
+    """The training config as ``scripts/train.py model=<variant> data=synthetic`` composes it, with
+    exactly ``batches`` training batches of random uint8 images and no validation split."""
+    overrides = [
+        f"model={cfg.variant}", f"model.img_size={cfg.size}", "data=synthetic", f"data.num_classes={cfg.num_classes}",
+        f"data.native_size={native_size or cfg.size}", f"data.length={batches * cfg.batch_size}",
+        f"data.test_length={cfg.batch_size}", f"data.batch_size={cfg.batch_size}", "data.val_split=0",
+        f"data.seed={cfg.seed}", f"++data.pin_memory={cfg.device == 'cuda'}", f"compile={cfg.compile}",
+        f"trainer={'gpu' if cfg.device == 'cuda' else 'cpu'}", f"trainer.precision={cfg.precision}",
+        "trainer.limit_val_batches=0", f"paths.root_dir={CONF.parent}", "paths.output_dir=${paths.log_dir}/benchmark",
+    ]  # paths: what @hydra.main would fill in; nothing is written there (no logger, no checkpoints)
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides)
+
+
+def optimizer(train_cfg, net: torch.nn.Module) -> torch.optim.Optimizer:
+    """The recipe's optimizer on the training code's parameter groups."""
+    return build_optimizer(instantiate(train_cfg.module.optimizer), net)
+
+
+def build_pair(cfg: BenchConfig) -> tuple[torch.nn.Module, VisionTransformer]:
+    """(vitpipe ViT, timm VisionTransformer) of the variant with the same weights, on ``cfg.device``."""
+    torch.manual_seed(cfg.seed)
+    v = VARIANTS[cfg.variant]
+    tm = VisionTransformer(img_size=cfg.size, patch_size=v["patch_size"], num_classes=cfg.num_classes,
+                           embed_dim=v["dim"], depth=v["depth"], num_heads=v["num_heads"], global_pool="token")
+    return from_timm(tm).to(cfg.device), tm.to(cfg.device)
+
+
+def random_batch(cfg: BenchConfig, *, seed: int = 1):
+    """A normalised float batch and labels on the device: isolates the model from the data path."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(cfg.batch_size, 3, cfg.size, cfg.size, generator=g)
+    return x.to(cfg.device), torch.randint(0, cfg.num_classes, (cfg.batch_size,), generator=g).to(cfg.device)
+
+
+def train_step(model, opt, x, y, cfg: BenchConfig):
+    """forward, cross-entropy, backward, optimizer step; gradients freed after the step."""
+    scaler = torch.amp.GradScaler(cfg.device, enabled=cfg.precision == "16-mixed")  # fp16 only
+
+    def step() -> None:
+        with cfg.autocast():
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def infer_step(model, x, cfg: BenchConfig):
+    def step() -> None:
+        with torch.no_grad(), cfg.autocast():
+            model(x)
+
+    return step
+
+
+@torch.no_grad()
+def max_logit_diff(a: torch.nn.Module, b: torch.nn.Module, x: torch.Tensor) -> float:
+    """Largest |logit difference| in eval mode (both are left in it): 0 up to rounding = the same network."""
+    return (a.eval()(x).float() - b.eval()(x).float()).abs().max().item()
+
+
+def _compiled(net, cfg: BenchConfig):
+    return torch.compile(net) if cfg.compile else net
+
+
+# --------------------------------------------------------------------------- the comparisons
+
+
+def compare_vit(cfg: BenchConfig) -> dict:
+    """vitpipe's ViT vs timm's VisionTransformer: train and inference steps, same weights and optimizer."""
+    nets = dict(zip(("vitpipe", "timm"), build_pair(cfg)))
+    x, y = random_batch(cfg)
+    logit_diff = max_logit_diff(nets["vitpipe"], nets["timm"], x)
+    flops = flops_per_image(nets["vitpipe"], cfg.size)
+    peak = peak_tflops(torch.cuda.get_device_name(), cfg.precision) if cfg.device == "cuda" else None
+    train_cfg = recipe(cfg)
+    runs = {name: _compiled(net.train(), cfg) for name, net in nets.items()}
+    opts = {name: optimizer(train_cfg, net) for name, net in nets.items()}
+    contenders, times = {name: {} for name in nets}, {}
+    for phase, make, fl in (("train", lambda n: train_step(runs[n], opts[n], x, y, cfg), flops["train"]),
+                            ("infer", lambda n: infer_step(runs[n], x, cfg), flops["forward"])):
+        if phase == "infer":
+            for net in nets.values():
+                net.eval()
+        steps = {name: make(name) for name in nets}
+        times[phase] = interleave_steps(steps, steps=cfg.steps, warmup=cfg.warmup, repeats=cfg.repeats,
+                                        device=cfg.device)
+        for name, step in steps.items():  # one contender at a time: each peak is its own
+            with StepMemory(cfg.device) as mem:
+                step()
+            held = state_bytes(nets[name], opts[name] if phase == "train" else None)
+            s = summarize(times[phase][name], cfg.batch_size)
+            contenders[name][phase] = {**s, **utilisation(fl, s["img_s"], peak),
+                                       "memory": {**mem.as_dict(), "state_bytes": held}}
+    ratios = {}
+    for phase, key in (("train", "train_step_time"), ("infer", "infer_time")):
+        ratios[f"{key} vitpipe/timm"] = contenders["vitpipe"][phase]["step_s"] / contenders["timm"][phase]["step_s"]
+        ratios[f"{key} vitpipe/timm (paired)"] = paired_ratio(times[phase]["vitpipe"], times[phase]["timm"])
+    return {"contenders": contenders, "ratios": ratios, "max_abs_logit_diff": logit_diff,
+            "flops_per_image": flops, "peak_tflops": peak}
+
+
+class _StepClockCallback(L.Callback):
+    def __init__(self, clock: StepClock) -> None:
+        self.clock = clock
+
+    def on_train_batch_end(self, *args) -> None:
+        self.clock.tick()
+
+
+def compare_lightning(cfg: BenchConfig) -> dict:
+    """``Trainer.fit`` vs a hand-written loop doing Lightning's work in Lightning's order (zero_grad
+    after the forward), on the recipe's model, optimizer, schedule, loss, clipping and fast-path data.
+    Lightning runs without logger, progress bar, checkpoints or validation; gaps between step ends
+    are timed, so data loading and framework hooks count."""
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # no per-fit banner
+    total = cfg.warmup + cfg.steps
+    train_cfg = recipe(cfg, batches=total)
+    torch.manual_seed(cfg.seed)
+    dm, net0, _ = build(train_cfg)
+    dm.setup("fit")
+
+    def fresh_module():  # every run starts from the same weights, with its own compile and optimizer state
+        return instantiate(train_cfg.module, net=copy.deepcopy(net0))
+
+    def plain() -> list[float]:
+        module = fresh_module()
+        net = module.net
+        model, opt = _compiled(net.train(), cfg), optimizer(train_cfg, net)
+        sched = module.scheduler_factory(opt, t_initial=total, warmup_t=int(module.hparams.warmup_fraction * total))
+        scaler = torch.amp.GradScaler(cfg.device, enabled=cfg.precision == "16-mixed")
+        clock = StepClock(warmup=cfg.warmup, device=cfg.device)
+        for i, (x, y) in enumerate(dm.train_dataloader()):
+            x, y = x.to(cfg.device, non_blocking=True), y.to(cfg.device, non_blocking=True)
+            x = dm.augment_batch(x, train=True)  # Lightning: on_after_batch_transfer
+            with cfg.autocast():
+                loss = F.cross_entropy(model(x), y, label_smoothing=module.hparams.label_smoothing)
+            opt.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(net.parameters(), train_cfg.trainer.gradient_clip_val)
+            scaler.step(opt)
+            scaler.update()
+            sched.step_update(num_updates=i + 1)
+            clock.tick()
+        return clock.times()
+
+    def lightning() -> list[float]:
+        clock = StepClock(warmup=cfg.warmup, device=cfg.device)
+        trainer = instantiate(train_cfg.trainer, max_steps=total, logger=False, enable_checkpointing=False,
+                              enable_progress_bar=False, enable_model_summary=False,
+                              callbacks=[_StepClockCallback(clock)])
+        trainer.fit(fresh_module(), datamodule=dm)
+        return clock.times()
+
+    times = interleave_runs({"plain": plain, "lightning": lightning}, repeats=cfg.repeats)
+    contenders = {n: {"train": summarize(t, cfg.batch_size)} for n, t in times.items()}
+    ratio = contenders["lightning"]["train"]["step_s"] / contenders["plain"]["train"]["step_s"]
+    return {"contenders": contenders, "ratios": {"step_time lightning/plain": ratio}}
+
+
+def loader_throughput(cfg: BenchConfig, loaders: dict) -> dict:
+    """Images/s of each ``name -> (make_loader, to_input)``, the loaders taking turns (interleaved)."""
+
+    def drain(name: str) -> list[float]:
+        make_loader, to_input = loaders[name]
+        clock = StepClock(warmup=cfg.warmup, device=cfg.device)
+        for x, y in make_loader():
+            x, y = to_input(x.to(cfg.device, non_blocking=True)), y.to(cfg.device, non_blocking=True)
+            clock.tick()
+        return clock.times()
+
+    times = interleave_runs({name: lambda name=name: drain(name) for name in loaders}, repeats=cfg.repeats)
+    return {name: {"load": summarize(t, cfg.batch_size)} for name, t in times.items()}
+
+
+def compare_data(cfg: BenchConfig) -> dict:
+    """The fast path (one uint8 tensor, crop/flip batched on the device) vs a DataLoader running the
+    standard path's per-image torchvision transforms on PIL images in ``workers`` processes."""
+    data_cfg = recipe(cfg, batches=cfg.warmup + cfg.steps, native_size=PIL_NATIVE_SIZE).data
+    fast, standard = instantiate(data_cfg), instantiate(data_cfg, fast_path=False)
+    fast.setup("fit")
+    images = [Image.fromarray(im.permute(1, 2, 0).numpy()) for im in fast.data_train.images]  # uint8 CHW -> PIL
+    pil = TransformedSubset(list(zip(images, fast.data_train.labels.tolist())), None, standard.transform(train=True))
+    loaders = {
+        "fast": (lambda: fast.train_dataloader(), lambda x: fast.augment_batch(x, train=True)),
+        "pil": (lambda: DataLoader(pil, batch_size=cfg.batch_size, shuffle=True, num_workers=cfg.workers,
+                                   pin_memory=cfg.device == "cuda"), lambda x: x),
+    }
+    contenders = loader_throughput(cfg, loaders)
+    ratio = contenders["fast"]["load"]["img_s"] / contenders["pil"]["load"]["img_s"]
+    return {"contenders": contenders, "ratios": {"throughput fast/pil": ratio}, "workers": cfg.workers,
+            "native_size": PIL_NATIVE_SIZE}
+
+
+def compare_shards(cfg: BenchConfig, *, native_size: int = 96) -> dict:
+    """data=shards vs data=imagefolder over the same JPEG files (random pixels, ``native_size`` px, 2
+    classes): both loaders decode and apply the training transforms (RandomResizedCrop, flip) in
+    ``workers`` processes; the shards are written once by make_shards (one 64 MB chunk)."""
+    import tempfile
+
+    import numpy as np
+
+    from vitpipe.data import ImageFolderDataModule
+    from vitpipe.data.shards import ShardsDataModule
+    from vitpipe.tasks.make_shards import make_shards
+
+    n = (cfg.warmup + cfg.steps) * cfg.batch_size
+    rng = np.random.default_rng(cfg.seed)
+    with tempfile.TemporaryDirectory(prefix="vitpipe-bench-shards-") as tmp:
+        for i in range(n):
+            folder = Path(tmp, "images", "train", f"c{i % 2}")
+            folder.mkdir(parents=True, exist_ok=True)
+            pixels = rng.integers(0, 256, (native_size, native_size, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"{i}.jpg", quality=90)
+        common = dict(num_classes=2, channels=3, img_size=cfg.size, in_chans=3, batch_size=cfg.batch_size,
+                      num_workers=cfg.workers, pin_memory=cfg.device == "cuda", val_split=0)
+        folder_dm = ImageFolderDataModule(root=str(Path(tmp, "images")), **common)
+        make_shards(folder_dm, str(Path(tmp, "shards")))
+        modules = {"imagefolder": folder_dm, "shards": ShardsDataModule(root=str(Path(tmp, "shards")), **common)}
+        for dm in modules.values():
+            dm.setup("fit")
+        contenders = loader_throughput(cfg, {name: (dm.train_dataloader, lambda x: x) for name, dm in modules.items()})
+    shards, folder = contenders["shards"]["load"], contenders["imagefolder"]["load"]
+    ratios = {"throughput shards/imagefolder": shards["img_s"] / folder["img_s"],
+              "throughput shards/imagefolder (paired repeats)": paired_repeat_ratio(folder["per_repeat_step_s"],
+                                                                                     shards["per_repeat_step_s"])}
+    return {"contenders": contenders, "ratios": ratios, "workers": cfg.workers, "native_size": native_size}
+
+
+def compare_switches(cfg: BenchConfig) -> dict:
+    """Each speed switch against the eager baseline (torch's defaults) on the recipe's ViT, train step."""
+    train_cfg = recipe(cfg)
+    torch.manual_seed(cfg.seed)
+    state = instantiate(train_cfg.model).to(cfg.device).state_dict()
+    x, y = random_batch(cfg)
+    steps, failed = {}, {}
+    for name in ["baseline", *(cfg.switches or SWITCHES)]:
+        spec = SWITCHES.get(name, {})
+        net = instantiate(train_cfg.model).to(cfg.device)
+        net.load_state_dict(state)
+        # the recipe's AdamW with torch's own default kernel (build_optimizer would turn fused on on CUDA)
+        opt = instantiate(train_cfg.module.optimizer, **spec.get("adamw", {}))(net.parameters())
+        xs = x.contiguous(memory_format=torch.channels_last) if spec.get("channels_last") else x
+        if spec.get("channels_last"):
+            net = net.to(memory_format=torch.channels_last)
+        step = train_step(torch.compile(net) if spec.get("compile") else net, opt, xs, y, cfg)
+        if "sdpa" in spec:
+            step = functools.partial(_with_backend, step, spec["sdpa"])
+        try:
+            step()  # a backend or kernel this device lacks (sdpa_cudnn on a CPU) fails here, not mid-timing
+            steps[name] = step
+        except (RuntimeError, NotImplementedError) as e:
+            failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    times = interleave_steps(steps, steps=cfg.steps, warmup=cfg.warmup, repeats=cfg.repeats, device=cfg.device)
+    contenders = {name: {"train": summarize(t, cfg.batch_size)} for name, t in times.items()}
+    base, others = contenders["baseline"]["train"]["step_s"], [n for n in contenders if n != "baseline"]
+    ratios = {f"step_time {n}/baseline": contenders[n]["train"]["step_s"] / base for n in others}
+    ratios |= {f"step_time {n}/baseline (paired)": paired_ratio(times[n], times["baseline"]) for n in others}
+    return {"contenders": contenders, "ratios": ratios, "unavailable": failed}
+
+
+def _with_backend(step, backend) -> None:
+    with sdpa_kernel(backend):
+        step()
+
+
+RUNNERS = {"vit": compare_vit, "lightning": compare_lightning, "data": compare_data, "shards": compare_shards,
+           "switches": compare_switches}
+
+
+# --------------------------------------------------------------------------- run and report
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "cpu"
+
+
+def environment(cfg: BenchConfig) -> dict:
+    return {"torch": torch.__version__, "timm": timm.__version__, "lightning": L.__version__,
+            "python": platform.python_version(),
+            "device_name": torch.cuda.get_device_name() if cfg.device == "cuda" else cpu_name(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "float32_matmul_precision": torch.get_float32_matmul_precision()}
+
+
+def run(cfg: BenchConfig, only: tuple[str, ...] = DEFAULT_ONLY) -> dict:
+    """``{"schema", "config", "env", "memory_method", "results": {comparison: {"contenders", "ratios", ...}}}``."""
+    load_start = os.getloadavg()[0]
+    results = {name: RUNNERS[name](cfg) for name in only}
+    return {"schema": SCHEMA, "config": {**asdict(cfg), "img_size": cfg.size},
+            "env": {**environment(cfg), "loadavg_1m_start": load_start, "loadavg_1m_end": os.getloadavg()[0]},
+            "memory_method": MEMORY_METHOD[cfg.device], "results": results}
+
+
+def format_table(result: dict) -> str:
+    """One row per contender and phase, then the ratios."""
+    cfg, env = result["config"], result["env"]
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    lines = [
+        f"{cfg['variant']} @ {cfg['img_size']}px, batch {cfg['batch_size']}, {cfg['precision']}, {cfg['device']} "
+        f"({env['device_name']}, {env['torch_threads']} threads), compile={cfg['compile']}, "
+        f"{cfg['steps']} steps x {cfg['repeats']} repeats after {cfg['warmup']} warm-up; "
+        f"load avg {env['loadavg_1m_start']:.1f} -> {env['loadavg_1m_end']:.1f}",
+        f"{'comparison':<10} {'contender':<15} {'phase':<6} {'step ms':>9} {'img/s':>10} {'peak MB':>9} "
+        f"{'TFLOP/s':>8} {'MFU':>6}",
+    ]
+    for comp, res in result["results"].items():
+        for name, phases in res["contenders"].items():
+            for phase, s in phases.items():
+                peak = (s.get("memory") or {}).get("peak_step_bytes")
+                mfu = None if s.get("mfu") is None else format(100 * s["mfu"], "5.1f") + "%"
+                lines.append(f"{comp:<10} {name:<15} {phase:<6} {1e3 * s['step_s']:>9.2f} {s['img_s']:>10.1f} "
+                             f"{fmt(None if peak is None else peak / 2**20, '9.1f'):>9} "
+                             f"{fmt(s.get('tflops'), '8.3f'):>8} {fmt(mfu, ''):>6}")
+    lines.append("ratios (time ratios: < 1 means the first is faster; throughput ratios: > 1):")
+    for comp, res in result["results"].items():
+        lines += [f"  {comp:<10} {key:<45} {value:.3f}" for key, value in res["ratios"].items()]
+        if "max_abs_logit_diff" in res:
+            lines.append(f"  {comp:<10} {'max |logit diff| vitpipe vs timm':<45} {res['max_abs_logit_diff']:.2e}")
+        lines += [f"  {comp:<10} {name} unavailable: {why}" for name, why in res.get("unavailable", {}).items()]
+    lines.append(f"memory: {result['memory_method']}")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--variant", default="vit_ti4", help="registry name (vitpipe/models/registry.py)")
+    p.add_argument("--img-size", type=int, default=None, help="default: the variant's size")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--precision", default="32-true", help="32-true | bf16-mixed | 16-mixed (CUDA)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda")
+    p.add_argument("--compile", action="store_true", help="torch.compile the models (vit, lightning)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers of the PIL path")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--tf32", action="store_true", help="let fp32 matmuls use TF32 on CUDA")
+    p.add_argument("--only", default=",".join(DEFAULT_ONLY), help=",".join(COMPARISONS))
+    p.add_argument("--switches", default="", help="subset of the switches comparison, e.g. adamw_fused,sdpa_math "
+                   "(default: all; compile's warm-up takes a minute on a CPU)")
+    p.add_argument("--out", default=None, help="write the result as JSON here")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    only = tuple(n.strip() for n in args.only.split(",") if n.strip())
+    try:
+        bad = [n for n in only if n not in COMPARISONS]
+        if bad or not only:
+            raise ConfigError(f"--only {args.only!r}: unknown {bad or 'empty'}; choose among {', '.join(COMPARISONS)}")
+        cfg = BenchConfig(variant=args.variant, img_size=args.img_size, batch_size=args.batch_size,
+                          num_classes=args.num_classes, precision=args.precision, device=args.device,
+                          compile=args.compile, steps=args.steps, warmup=args.warmup, repeats=args.repeats,
+                          workers=args.workers, switches=tuple(n for n in args.switches.split(",") if n))
+    except ConfigError as e:
+        print(f"benchmark: error: {e}", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.tf32:
+        torch.set_float32_matmul_precision("high")
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    result = run(cfg, only)
+    print(format_table(result))
+    if args.out:
+        atomic_write_text(args.out, json.dumps(result, indent=2))
+        print(f"wrote {args.out}")
+    return 0
+
