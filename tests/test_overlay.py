@@ -119,3 +119,33 @@ def test_bad_overlay_arguments():
         overlay_grid(torch.rand(3, 3, 8, 8), torch.rand(2, 2, 2))
     with pytest.raises(ValueError, match=r"\(h, w\)"):
         overlay(torch.rand(3, 8, 8), torch.rand(1, 2, 2))
+
+
+@pytest.mark.parametrize("where", ["vitpipe.viz", "vitpipe.report.figures"])
+def test_save_figure_is_atomic(tmp_path, where):
+    """A figure whose drawing fails half way leaves the earlier PNG as it was and no partial file."""
+    import importlib
+
+    from matplotlib.figure import Figure
+
+    save_figure = importlib.import_module(where).save_figure
+    path = tmp_path / "fig.png"
+    good = Figure(figsize=(2, 1))
+    good.add_subplot().plot([0, 1], [1, 0])
+    save_figure(good, path)
+    before = path.read_bytes()
+    with Image.open(path) as png:
+        assert png.size == (200, 100)  # 2 x 1 in at the default 100 dpi
+
+    bad = Figure(figsize=(2, 1))
+    real = bad.savefig
+
+    def half_then_fail(fname, **kw):
+        real(fname, **kw)  # the PNG's bytes went out ...
+        raise RuntimeError("killed while writing")  # ... but the write did not finish
+
+    bad.savefig = half_then_fail
+    with pytest.raises(RuntimeError, match="killed"):
+        save_figure(bad, path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["fig.png"]  # no temporary file left behind

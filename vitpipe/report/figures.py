@@ -8,15 +8,15 @@ known in advance (``*_size`` functions; the tests check the PNGs against them).
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
 from torch import Tensor
 
-DPI = 100
+from vitpipe.run.files import save_figure  # noqa: F401 (the report writes its figures through it)
+
+DPI = 100  # save_figure's default dpi: the PNGs are *_size x DPI pixels
 CELL_NUMBERS_UP_TO = 20  # classes; beyond, per-cell numbers would be unreadable
 
 
@@ -132,17 +132,6 @@ def errors_figure(items: list[dict], image: Callable[[int], np.ndarray | None]) 
     for ax in axes[len(items):]:
         ax.set_axis_off()
     return fig
-
-
-def save_figure(fig: Figure, path: Path) -> Path:
-    """Write ``fig`` as a PNG of exactly its size in inches x DPI (no tight bbox); parents created."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=DPI)
-    pyplot = sys.modules.get("matplotlib.pyplot")
-    if pyplot is not None:  # a pyplot session (a notebook) would otherwise keep the figure
-        pyplot.close(fig)
-    return path
 
 
 def _short(name: str, n: int = 14) -> str:

@@ -8,6 +8,7 @@
 - ``temp_dir_beside``: a temporary folder named like those files (a folder published by a rename).
 - ``remove_stale_temp_files``: the temporary files and folders of writes whose process was killed.
 - ``user_permissions``: a file another library wrote 0600 (safetensors) gets the user's umask.
+- ``save_figure``: a matplotlib figure as a PNG, through ``atomic_write`` (the report's and viz's figures).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -170,3 +172,17 @@ def atomic_write_json(path, data, *, indent: int | None = 1) -> None:
 def user_permissions(path) -> None:
     """Give a file the permissions the user's umask gives (safetensors writes its files 0600)."""
     Path(path).chmod(0o666 & ~user_umask())
+
+
+def save_figure(fig, path, *, dpi: int = 100) -> Path:
+    """Write the matplotlib ``fig`` as a PNG of exactly its size in inches x ``dpi`` (no tight bbox)
+    through ``atomic_write`` (a kill never leaves half a PNG), parents created; returns the path.
+
+    Takes the figure object, so matplotlib is imported only by whoever drew it.
+    """
+    path = Path(path)
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi))
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:  # a pyplot-made figure (a notebook's) would otherwise stay in its registry; never import it ourselves
+        pyplot.close(fig)
+    return path

@@ -9,7 +9,6 @@ Figure inline.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from vitpipe.errors import ConfigError
+from vitpipe.run.files import save_figure  # noqa: F401 (public here: vitpipe.viz.save_figure)
 
 
 def unnormalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
@@ -155,17 +155,6 @@ def _pairs_grid(images, heatmaps, titles, *, ncols, nrows, alpha, cmap, panel_si
         if titles is not None:
             sub.suptitle(str(titles[i]), fontsize=9)
     return fig
-
-
-def save_figure(fig: Figure, path, *, dpi: int = 100) -> Path:
-    """Write ``fig`` as a PNG (parents created) and close it; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=dpi)
-    pyplot = sys.modules.get("matplotlib.pyplot")
-    if pyplot is not None:  # only pyplot-made figures are registered there; never import it ourselves
-        pyplot.close(fig)
-    return path
 
 
 def save_overlay(image, heatmap, path, *, alpha: float = 0.5, cmap: str = "jet") -> Path:
