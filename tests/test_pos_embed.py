@@ -68,3 +68,15 @@ def test_fixed_tables_are_buffers_not_state_and_learned_are_parameters():
 def test_unknown_kind_names_value_and_choices():
     with pytest.raises(ValueError, match=r"'sincos3d'.*learned2d"):
         build_pos_embed("sincos3d", dim=8, grid_size=(2, 2), num_heads=2)
+
+
+@pytest.mark.parametrize("kind, table", [("sincos1d", lambda h, w, d: sincos_1d(h * w, d)), ("sincos2d", sincos_2d)])
+def test_fixed_kinds_add_their_table_to_patches_on_any_grid(kind, table):
+    m = build_pos_embed(kind, dim=8, grid_size=(2, 3), num_heads=2, num_prefix_tokens=1)
+    assert [n for n, _ in m.named_buffers()] == ["table"] and list(m.state_dict()) == []  # non-persistent
+    assert torch.equal(m.table, table(2, 3, 8)[None])
+    for grid in [(2, 3), (3, 2)]:  # the built grid, then one recomputed
+        x = torch.randn(2, 1 + grid[0] * grid[1], 8)
+        y = m(x, grid)
+        assert torch.equal(y[:, :1], x[:, :1])  # the class token gets no position
+        assert torch.equal(y[:, 1:], x[:, 1:] + table(*grid, 8)[None])

@@ -80,30 +80,36 @@ class LearnedPosEmbed(nn.Module):
         return x + torch.cat([self.weight[:, :P], patches], dim=1)
 
 
-class SinCos1DPosEmbed(nn.Module):
-    """Fixed 1D sinusoid over the flattened patch sequence; prefix tokens get none."""
+class SinCosPosEmbed(nn.Module):
+    """A fixed table ``table_fn(h, w, dim) -> (h*w, dim)`` added to the patches; prefix tokens get none.
+    The built grid's table is a non-persistent buffer; another grid's is recomputed."""
+
+    @staticmethod
+    def table_fn(h: int, w: int, dim: int) -> Tensor:
+        raise NotImplementedError
 
     def __init__(self, dim: int, grid_size: tuple[int, int]) -> None:
         super().__init__()
         self.dim, self.grid_size = dim, tuple(grid_size)
-        self.register_buffer("table", sincos_1d(grid_size[0] * grid_size[1], dim)[None], persistent=False)
+        self.register_buffer("table", self.table_fn(*grid_size, dim)[None], persistent=False)  # (1, h*w, dim)
 
     def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
-        table = self.table if tuple(grid_size) == self.grid_size else sincos_1d(grid_size[0] * grid_size[1], self.dim)[None]
+        table = self.table if tuple(grid_size) == self.grid_size else self.table_fn(*grid_size, self.dim)[None]
         return _add_to_patches(x, table.to(device=x.device, dtype=x.dtype))
 
 
-class SinCos2DPosEmbed(nn.Module):
-    """Fixed factorized 2D sinusoid; recomputed for a new grid."""
+class SinCos1DPosEmbed(SinCosPosEmbed):
+    """Fixed 1D sinusoid over the flattened patch sequence (row-major)."""
 
-    def __init__(self, dim: int, grid_size: tuple[int, int]) -> None:
-        super().__init__()
-        self.dim, self.grid_size = dim, tuple(grid_size)
-        self.register_buffer("table", sincos_2d(*grid_size, dim)[None], persistent=False)
+    @staticmethod
+    def table_fn(h: int, w: int, dim: int) -> Tensor:
+        return sincos_1d(h * w, dim)
 
-    def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
-        table = self.table if tuple(grid_size) == self.grid_size else sincos_2d(*grid_size, self.dim)[None]
-        return _add_to_patches(x, table.to(device=x.device, dtype=x.dtype))
+
+class SinCos2DPosEmbed(SinCosPosEmbed):
+    """Fixed factorized 2D sinusoid."""
+
+    table_fn = staticmethod(sincos_2d)
 
 
 class Learned2DPosEmbed(nn.Module):
