@@ -78,11 +78,7 @@ class CaptionModule(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
 
     def training_step(self, batch, batch_idx: int):
         loss = self._loss(batch, self.hparams.label_smoothing)
-        if not self.loss_is_finite(loss, batch_idx):
-            return loss  # nonfinite=skip: every rank drops this step's gradients before the update
-        self.train_loss(loss)
-        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
-        return loss
+        return self.finish_training_step(loss, batch_idx)
 
     # ------------------------------------------------------------------ decoding and scoring
 

@@ -159,11 +159,7 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
                 teacher_logits = self.teacher(teacher_input(x, self.teacher.img_size))
             d = self.distill
             loss = combine(loss, dist_logits, teacher_logits, type=d["type"], alpha=d["alpha"], tau=d["tau"])
-        if not self.loss_is_finite(loss, batch_idx):
-            return loss  # nonfinite=skip: every rank drops this step's gradients before the update
-        self.train_loss(loss)
-        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
-        return loss
+        return self.finish_training_step(loss, batch_idx)
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         # Lightning calls this once per optimizer step (after the last of accumulate_grad_batches

@@ -30,12 +30,14 @@ def check_policy(nonfinite: str) -> None:
 
 
 class NonFiniteGuard:
-    """LightningModule mixin; needs ``hparams.nonfinite``.
+    """LightningModule mixin; needs ``hparams.nonfinite`` (and ``train_loss``, a ``MeanMetric``, for
+    ``finish_training_step``).
 
-    In ``training_step``: ``if not self.loss_is_finite(loss, batch_idx): return loss`` (skip mode;
-    in error mode the call raises). The step's gradients are then dropped in
-    ``on_before_optimizer_step``; with gradient accumulation, the whole accumulated step.
-    ``step_dropped`` then says so until the next optimizer step (the EMA skips such a step).
+    A ``training_step`` ends with ``return self.finish_training_step(loss, batch_idx)``; it logs
+    ``train/loss`` when the loss is finite. Otherwise ``loss_is_finite`` raises (error mode) or says
+    False (skip mode): the step's gradients are then dropped in ``on_before_optimizer_step``; with
+    gradient accumulation, the whole accumulated step. ``step_dropped`` then says so until the next
+    optimizer step (the EMA skips such a step).
     """
 
     skipped_batches: int = 0
@@ -58,6 +60,14 @@ class NonFiniteGuard:
         value = loss.item() if local else f"non-finite on another rank (this is rank {self.global_rank})"
         raise NonFiniteLossError(f"loss is {value} {where}; lower module.optimizer.lr, or set "
                                  f"module.nonfinite=skip to drop such batches")
+
+    def finish_training_step(self, loss: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        """The end of every ``training_step``: the non-finite check, then ``train/loss``; returns ``loss``."""
+        if not self.loss_is_finite(loss, batch_idx):
+            return loss  # nonfinite=skip: every rank drops this step's gradients before the update
+        self.train_loss(loss)
+        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
+        return loss
 
     def on_before_optimizer_step(self, optimizer) -> None:
         self.step_dropped = self._drop_step
