@@ -19,6 +19,7 @@ from PIL import Image
 from vitpipe.data.preprocess import Preprocess
 from vitpipe.errors import ConfigError, ExportCheckError
 from vitpipe.export import export_onnx
+from vitpipe.export.check import check_logits
 from vitpipe.export.onnx_format import check_onnx
 from vitpipe.export.timm_format import check_timm
 from vitpipe.run.checkpoint import load_checkpoint, rebuild
@@ -178,3 +179,17 @@ def test_cli_timm_export_model_card_and_offline_push(tmp_path_factory, tmp_path)
                  "python scripts/train.py debug=fast logger=none", "Intended use and limits", "pos_embed: sincos2d"):
         assert text in card, text
     assert str(tmp_path) not in card and "log_dir" not in card  # no local paths in a card meant for sharing
+
+
+def test_export_check_names_both_sides_the_measure_and_the_tolerance_and_fails_on_nan():
+    """The one check both exporters run: within tolerance it returns the difference; above it, or NaN, one line."""
+    net = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        good = net(x)
+    assert check_logits(good + 1e-6, net, x, tolerance=1e-5, differs="d") == pytest.approx(1e-6, rel=0.1)
+    with pytest.raises(ExportCheckError, match=r"^the copy differs: max abs logit difference 0\.5 > 1e-05; kept$"):
+        check_logits(good + 0.5, net, x, tolerance=1e-5, differs="the copy differs", measure="max abs logit difference",
+                     then="; kept")
+    with pytest.raises(ExportCheckError, match=r"^d: max abs difference nan > 1\.0$"):
+        check_logits(torch.full_like(good, float("nan")), net, x, tolerance=1.0, differs="d")

@@ -24,6 +24,7 @@ from torch import nn
 
 from vitpipe.data.preprocess import InputSpec
 from vitpipe.errors import ConfigError, ExportCheckError
+from vitpipe.export.check import check_logits
 from vitpipe.run.files import atomic_write, remove_stale_temp_files
 
 ONNX_TOLERANCE = 1e-4  # max abs logit difference between onnxruntime and PyTorch, fp32
@@ -102,9 +103,5 @@ def check_onnx(net: nn.Module, model: Path | bytes, x: torch.Tensor) -> float:
     session = ort.InferenceSession(model if isinstance(model, bytes) else str(model),
                                    providers=["CPUExecutionProvider"])
     got = torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
-    diff = (got - net.eval()(x)).abs().max().item()
-    if not diff <= ONNX_TOLERANCE:
-        where = "" if isinstance(model, bytes) else f" from {model}"
-        raise ExportCheckError(f"onnxruntime's logits{where} differ from PyTorch's: max abs difference "
-                               f"{diff:.3g} > {ONNX_TOLERANCE}")
-    return diff
+    where = "" if isinstance(model, bytes) else f" from {model}"
+    return check_logits(got, net, x, tolerance=ONNX_TOLERANCE, differs=f"onnxruntime's logits{where} differ from PyTorch's")

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from vitpipe.data.preprocess import InputSpec
-from vitpipe.errors import ExportCheckError
+from vitpipe.export.check import check_logits
 from vitpipe.export.staging import staged_folder
 from vitpipe.models.registry import TIMM_NAMES, VARIANTS
 from vitpipe.models.timm_compat import timm_kwargs, to_timm
@@ -59,8 +59,6 @@ def save_timm(net: nn.Module, spec: InputSpec, out: Path, *, class_names: list[s
         return check_timm(net, folder, spec, name=out)
 
 
-
-
 @torch.no_grad()
 def check_timm(net: nn.Module, folder: Path, spec: InputSpec, batch: int = 3, *, name: Path | None = None) -> float:
     """Max abs logit difference of ``timm.create_model("local-dir:<folder>")`` from ``net``; ExportCheckError
@@ -69,9 +67,6 @@ def check_timm(net: nn.Module, folder: Path, spec: InputSpec, batch: int = 3, *,
 
     loaded = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
     x = torch.randn(batch, spec.in_chans, *spec.img_size)
-    diff = (loaded(x) - net.eval()(x)).abs().max().item()
-    if not diff <= TIMM_TOLERANCE:
-        left = f"; {name} was left as it was" if name is not None else ""
-        raise ExportCheckError(f"the timm model written for {name or folder} differs from the checkpoint's network: "
-                               f"max abs logit difference {diff:.3g} > {TIMM_TOLERANCE}{left}")
-    return diff
+    left = f"; {name} was left as it was" if name is not None else ""
+    return check_logits(loaded(x), net, x, tolerance=TIMM_TOLERANCE, measure="max abs logit difference", then=left,
+                        differs=f"the timm model written for {name or folder} differs from the checkpoint's network")
