@@ -42,6 +42,8 @@ class Spec:
     quick: bool = False                   # in the default suite; the others are marked slow (.ci/run runs them)
     own_dir: bool = False                 # in a working directory of its own, where only `needs` ran before
     session: str = "reader"               # commands with the same session share one working directory
+                                          # (`last` is the newest checkpoint under its logs/, of any task: "e2e"
+                                          # is where only the default run trains)
     needs_fmnist: bool = False
     expect: tuple[str, ...] = field(default=())   # substrings its stdout must hold
     files: tuple[str, ...] = field(default=())    # paths (relative to the working dir) it must leave
@@ -93,7 +95,7 @@ SPECS: dict[str, Spec] = {
     f"{TRAIN} -m experiment=transfer_target seed=0,1,2 module.layer_decay=0.65": Spec(
         append=S, needs=(SOURCE,), needs_fmnist=True, expect=("sweep summary of 3 job(s)",)),
     "python scripts/eval.py ckpt_path=<run_dir_or_ckpt_or_last> split=test calibrate=true": Spec(
-        needs=(DEFAULT,), expect=("test/acc",)),
+        needs=(DEFAULT,), session="e2e", expect=("test/acc",)),
     "python scripts/predict.py ckpt_path=<ckpt | run dir | last> images=<folder | file | 'glob/*.jpg'> out=preds.csv "
     "topk=5": Spec(needs=(DEFAULT, PNGS), session="e2e", files=("preds.csv",)),
     "python scripts/export.py ckpt_path=<...> format=timm out=my_vit": Spec(needs=(DEFAULT,), session="e2e", files=("my_vit/config.json",)),
@@ -132,14 +134,14 @@ SPECS: dict[str, Spec] = {
     "python scripts/visualize_attention.py ckpt_path=logs/train/runs/<time> images=test method=rollout out=figs": Spec(
         needs=(DEFAULT,), time_of=DEFAULT, append=("num_images=8",), files=("figs/rollout_grid.png",)),
     "python scripts/visualize_attention.py ckpt_path=<ckpt> images=path/to/images method=all out=figs": Spec(
-        needs=(DEFAULT, PNGS), files=("figs/rollout_grid.png",)),
+        needs=(DEFAULT, PNGS), session="e2e", files=("figs/rollout_grid.png",)),
     FMNIST_RUN: Spec(append=SB, needs_fmnist=True),
     "python scripts/visualize_attention.py ckpt_path=logs/fmnist_vit/runs/<time> images=test num_images=8 "
     "method=rollout side_by_side=true per_image=false out=notebooks/figures/fmnist_rollout": Spec(
         needs=(FMNIST_RUN,), time_of=FMNIST_RUN, needs_fmnist=True,
         files=("notebooks/figures/fmnist_rollout/rollout_grid.png",)),
     "python scripts/visualize_attention.py ckpt_path=<ckpt> images=test num_images=200 method=rollout "
-    "faithfulness=true per_image=false out=figs": Spec(needs=(DEFAULT,), append=("num_images=16",)),
+    "faithfulness=true per_image=false out=figs": Spec(needs=(DEFAULT,), session="e2e", append=("num_images=16",)),
     "python -m vitpipe.viz.pointing --seeds 0 1 2 3 4 5 6 7 --registers 0 4": Spec(
         append=("--seeds", "0", "--registers", "0", "--steps", "20")),
     FMNIST_REG4: Spec(append=SB, needs_fmnist=True),
