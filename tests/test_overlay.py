@@ -149,3 +149,20 @@ def test_save_figure_is_atomic(tmp_path, where):
         save_figure(bad, path)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["fig.png"]  # no temporary file left behind
+
+
+def test_save_overlay_is_atomic(tmp_path, monkeypatch):
+    """An overlay PNG whose write fails half way leaves the earlier file as it was and no partial file."""
+    path = save_overlay(torch.rand(3, 8, 8), torch.rand(2, 2), tmp_path / "o.png")
+    before = path.read_bytes()
+    real = Image.Image.save
+
+    def half_then_fail(self, fp, *a, **kw):
+        real(self, fp, *a, **kw)
+        raise RuntimeError("killed while writing")
+
+    monkeypatch.setattr(Image.Image, "save", half_then_fail)
+    with pytest.raises(RuntimeError, match="killed"):
+        save_overlay(torch.rand(3, 8, 8), torch.rand(2, 2), path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["o.png"]

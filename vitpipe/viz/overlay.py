@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from vitpipe.errors import ConfigError
-from vitpipe.run.files import save_figure  # noqa: F401 (public here: vitpipe.viz.save_figure)
+from vitpipe.run.files import atomic_write, save_figure  # noqa: F401 (save_figure is public here: vitpipe.viz)
 
 
 def unnormalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
@@ -162,7 +162,7 @@ def save_overlay(image, heatmap, path, *, alpha: float = 0.5, cmap: str = "jet")
     from PIL import Image
 
     blended = overlay(image, heatmap, alpha=alpha, cmap=cmap)  # (H, W, 3)
+    png = Image.fromarray((blended * 255.0).round().astype(np.uint8))
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray((blended * 255.0).round().astype(np.uint8)).save(path, format="PNG")
+    atomic_write(path, lambda f: png.save(f, format="PNG"))  # parents created; a kill leaves no half PNG
     return path
