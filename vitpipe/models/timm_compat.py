@@ -22,8 +22,7 @@ from vitpipe.nn.pos_embed import (
     LearnedPosEmbed,
     NoPosEmbed,
     RoPE2D,
-    SinCos1DPosEmbed,
-    SinCos2DPosEmbed,
+    SinCosPosEmbed,
     resample_grid,
 )
 
@@ -118,7 +117,7 @@ def timm_kwargs(model: ViT) -> dict:
     if parts:
         raise ConfigError(f"timm's VisionTransformer cannot express {', '.join(parts)}; export with format=onnx")
     blk = model.blocks[0]
-    fixed = isinstance(model.pos_embed, (SinCos1DPosEmbed, SinCos2DPosEmbed))
+    fixed = isinstance(model.pos_embed, SinCosPosEmbed)
     return dict(
         img_size=tuple(model.img_size), patch_size=tuple(model.patch_size), in_chans=model.in_chans,
         num_classes=model.num_classes, embed_dim=model.dim, depth=len(model.blocks), num_heads=blk.attn.num_heads,
@@ -138,7 +137,7 @@ def to_timm(model: ViT, arch: str = "vit_base_patch16_224") -> nn.Module:
 
     tm = timm.create_model(arch, pretrained=False, **timm_kwargs(model))
     sd = vitpipe_to_timm(model.state_dict())
-    if isinstance(model.pos_embed, (SinCos1DPosEmbed, SinCos2DPosEmbed)):
+    if isinstance(model.pos_embed, SinCosPosEmbed):
         sd["pos_embed"] = model.pos_embed.table.detach().clone()  # (1, h*w, dim): the table it is
     tm.load_state_dict(sd)
     return tm.train(model.training)

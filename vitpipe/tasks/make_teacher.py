@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import save
 
 from vitpipe.errors import ConfigError
+from vitpipe.export.check import check_logits
 from vitpipe.lit.distill import load_teacher
 from vitpipe.run.checkpoint import load_checkpoint, rebuild
 from vitpipe.run.files import atomic_write
@@ -45,9 +46,8 @@ def make_teacher(run: str, out: str) -> Path:
                            img_size=net.img_size)  # fmt: skip
     x = torch.randn(4, net.in_chans, *net.img_size)
     with torch.no_grad():
-        diff = (teacher(x) - net(x)).abs().max().item()
-    if diff > 1e-5:
-        raise RuntimeError(f"{out} reloads with logits {diff:.3g} away from {ckpt}")
+        diff = check_logits(teacher.eval()(x), net, x, tolerance=1e-5, differs=f"{out} reloads unlike {ckpt}",
+                            measure="max abs logit difference")
     size = out.stat().st_size / 2**20
 
     def compact(v) -> str:  # one shell word, as Hydra parses it; a string's own spaces stay
