@@ -4,6 +4,7 @@ can be overridden without `+`; the shipped configs pass the same checks."""
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import lightning
 import pytest
@@ -92,7 +93,7 @@ VIT_ARGS = {n: p.default for n, p in inspect.signature(ViT).parameters.items()}
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_every_vit_argument_is_overridable_without_plus(cfg_factory, variant):
     """`model.depth=6`-style overrides compose for every ViT argument (the README's examples
-    included), and each model config states its variant's dimensions exactly."""
+    included), and each model config resolves to its variant's dimensions exactly."""
     overrides = {n: _non_default(n, d) for n, d in VIT_ARGS.items()}
     args = [f"model.{n}={v if not isinstance(v, bool) else str(v).lower()}" for n, v in overrides.items()]
     cfg = cfg_factory(f"model={variant}", *args)  # raises "not in struct" for a missing key
@@ -101,8 +102,20 @@ def test_every_vit_argument_is_overridable_without_plus(cfg_factory, variant):
     assert {n: model[n] for n in overrides} == overrides
     check_config(cfg)  # the values fit ViT's signature
 
-    plain = OmegaConf.to_container(cfg_factory(f"model={variant}", sub="plain").model, resolve=False)
+    plain = OmegaConf.to_container(cfg_factory(f"model={variant}", sub="plain").model, resolve=True)
     assert {k: plain[k] for k in VARIANTS[variant]} == VARIANTS[variant]  # the registry's dimensions
+
+
+def test_every_variant_has_its_model_option_and_no_more():
+    """The one thing left to keep in step: Hydra needs a file per option, so each VARIANTS key has
+    its conf/model/<name>.yaml (two lines: `defaults: [vit]`, its name) and no vit_* file names a
+    variant the table lacks; the dimensions themselves are read from the table (conf/model/vit.yaml)."""
+    conf = Path(__file__).resolve().parents[1] / "conf" / "model"
+    files = {f.stem: OmegaConf.load(f) for f in conf.glob("vit_*.yaml")}
+    assert set(files) == set(VARIANTS)
+    for name, node in files.items():
+        assert list(node.defaults) == ["vit"] and node.name == name, name
+        assert not set(node) & set(VARIANTS[name]), f"{name}.yaml restates the table's {set(node) & set(VARIANTS[name])}"
 
 
 def test_readme_model_override_builds_what_it_says(cfg_factory):

@@ -1,11 +1,12 @@
 """vitpipe: a Vision Transformer training pipeline."""
 
 from vitpipe.config import launcher
-from vitpipe.models import ViT, create_model, list_models
+from vitpipe.models import ViT, create_model, list_models, registry
 from vitpipe.run import dirs
 
 dirs.register_resolvers()  # ${cwd:} and ${unique_dir:...} of conf/paths and conf/hydra, for every script
 launcher.register_resolvers()  # ${slurm_tasks:...} etc. of conf/hydra/launcher/slurm.yaml
+registry.register_resolvers()  # ${variant:<name>,<key>} of conf/model/vit.yaml (the variant table)
 
 __all__ = ["ViT", "create_model", "list_models"]
 __version__ = "0.1.0"

@@ -3,6 +3,10 @@
 ``create_model("vit_b16", num_classes=10, pos_embed="sincos2d")`` builds a ViT-B/16 with those
 overrides. Dimensions follow timm/the ViT paper; the ``*4`` variants use 4-px patches for
 28-32 px images (CIFAR, Fashion-MNIST), where 16-px patches would leave a 2x2 grid.
+
+The Hydra model configs read the same table: conf/model/vit.yaml takes a variant's values through
+``${variant:${.name},depth}`` (``register_resolvers``), so a new variant is one line here plus a
+two-line conf/model/<name>.yaml (``defaults: [vit]``, ``name: <name>``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,23 @@ TIMM_NAMES = {
 
 def list_models() -> list[str]:
     return list(VARIANTS)
+
+
+def variant_value(name: str, key: str):
+    """``VARIANTS[name][key]``: the ``${variant:<name>,<key>}`` resolver of conf/model/vit.yaml."""
+    if name not in VARIANTS:
+        raise ValueError(f"unknown model.name={name!r}; valid choices: {', '.join(VARIANTS)}")
+    if key not in VARIANTS[name]:
+        raise ValueError(f"variant {name} has no {key!r}; the table holds {', '.join(VARIANTS[name])}")
+    return VARIANTS[name][key]
+
+
+def register_resolvers() -> None:
+    """``${variant:name,key}`` for the model configs (called when vitpipe is imported)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("variant"):
+        OmegaConf.register_new_resolver("variant", variant_value)
 
 
 def create_model(name: str, *, pretrained: bool | str | None = None, pretrained_head: bool = True,
