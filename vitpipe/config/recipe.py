@@ -1,7 +1,9 @@
 """Say which ``conf/recipe/<model>_<data>.yaml`` a run picked up, and what it set.
 
-``train.yaml`` selects ``optional recipe: ${model}_${data}`` silently, so ``model=vit_b16
-data=cifar10`` fine-tunes for 10k steps instead of the default schedule. The line printed at start
+``train.yaml`` selects ``optional recipe: ${model}_${data}``, so ``model=vit_b16 data=cifar10``
+fine-tunes for 10k steps instead of the default schedule. Each recipe file sets the top-level
+``recipe`` key to its own name (train.yaml: ``recipe: null``), so the printed config, the run's
+config.yaml and the config stored in its checkpoints say which one applied. The line printed at start
 names the file and the values it set as they finally are (command-line overrides win over a recipe).
 """
 
@@ -33,9 +35,10 @@ def applied_recipe() -> tuple[str, Path] | None:
 
 
 def recipe_keys(path: Path) -> list[str]:
-    """The dotted keys a recipe file sets (its defaults list excluded)."""
+    """The dotted keys a recipe file sets (its defaults list and its own name excluded)."""
     node = OmegaConf.load(path)
     node.pop("defaults", None)
+    node.pop("recipe", None)
     return _leaves(node)
 
 
