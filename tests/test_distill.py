@@ -168,6 +168,20 @@ class _OpensAFile:
         return (open, (str(self.path), "w"))
 
 
+def test_the_shipped_teacher_file_names_its_architecture():
+    """fmnist_vit names only the file: conf/teachers/fmnist_resnet10t.safetensors carries arch, kwargs
+    and img_size (as scripts/make_teacher.py writes them), and the experiment restates none of them."""
+    from vitpipe.lit.distill import file_metadata
+
+    root = Path(__file__).resolve().parents[1]
+    meta = file_metadata(root / "conf" / "teachers" / "fmnist_resnet10t.safetensors")
+    assert meta == {"arch": "resnet10t", "kwargs": {"channels": (32, 64, 128, 224)}, "img_size": (56, 56)}
+    distill = OmegaConf.load(root / "conf" / "experiment" / "fmnist_vit.yaml").module.distill
+    assert not {"arch", "kwargs", "img_size"} & set(distill)
+    teacher = load_teacher(str(root / "conf" / "teachers" / "fmnist_resnet10t.safetensors"), num_classes=10, in_chans=1)
+    assert teacher.img_size == (56, 56) and teacher.num_features == 224
+
+
 def test_a_pickled_teacher_weights_file_never_runs_code(tmp_path):
     """A .pth teacher is read with torch.load(weights_only=True), whatever timm's load_state_dict defaults to
     (False up to timm 1.0.24), and a file that needs code to load stops in one line naming it."""
@@ -239,14 +253,28 @@ def test_a_timm_cnn_teacher_trained_by_vitpipe_distils_into_a_dist_token_vit(tmp
     assert from_run.img_size == from_file.img_size == (12, 12) and from_file.num_features == 64
     x = torch.randn(4, 1, 12, 12)
     assert torch.equal(from_run(x), from_file(x)) and weights.stat().st_size < 25 * 2**20
+    # the file's metadata says arch, kwargs and img_size: nothing else needs naming, same logits
+    from_meta = load_teacher(str(weights), num_classes=10, in_chans=1)
+    assert from_meta.img_size == (12, 12) and torch.equal(from_meta(x), from_file(x))
+    with pytest.raises(ConfigError, match=r"^module.distill.kwargs={'channels': \[16, 32, 64, 64\]} but the teacher "
+                                          r"file .*teacher.safetensors was written for kwargs={'channels': "
+                                          r"\[16, 32, 32, 64\]} \(its metadata\)"):
+        load_teacher(str(weights), num_classes=10, in_chans=1, kwargs={"channels": [16, 32, 64, 64]})
+    with pytest.raises(ConfigError, match=r"^module.distill.img_size=\[16, 16\] but .* img_size=\[12, 12\]"):
+        load_teacher(str(weights), num_classes=10, in_chans=1, img_size=16)
+    with pytest.raises(ConfigError, match=r"^module.distill.arch=resnet18 but .* arch=resnet10t"):
+        load_teacher(str(weights), num_classes=10, in_chans=1, arch="resnet18")
+    # a weights file without metadata needs them named; the widths are part of the architecture
+    from safetensors.torch import load_file, save_file
+
+    bare = tmp_path / "bare.safetensors"
+    save_file(load_file(str(weights)), str(bare))
     with pytest.raises(ConfigError, match="does not fit resnet10t .* kwargs {}"):
-        load_teacher(str(weights), num_classes=10, in_chans=1, arch="resnet10t")  # the widths are part of it
+        load_teacher(str(bare), num_classes=10, in_chans=1, arch="resnet10t")
     with pytest.raises(ConfigError, match=r"img_size=\[16, 16\]: the teacher .* was trained at \[12, 12\]"):
         load_teacher(teacher_run, num_classes=10, in_chans=1, img_size=16)
     cfg = make_cfg(tmp_path / "student", ["debug=fast", *limits, "model.dist_token=true",
-                                          f"module.distill.teacher={weights}", "module.distill.arch=resnet10t",
-                                          "module.distill.kwargs={channels:[16,32,32,64]}",
-                                          "module.distill.img_size=12", "module.distill.alpha=0.5"])
+                                          f"module.distill.teacher={weights}", "module.distill.alpha=0.5"])
     metrics = train(cfg)
     assert 0.0 <= metrics["test/acc"] <= 1.0
     path = resolve_ckpt_path(cfg.paths.output_dir, which="best")

@@ -3,7 +3,9 @@
 ``module.distill``: ``teacher`` (null: off), ``type`` soft | hard, ``alpha``, ``tau``; for a weights
 file ``arch`` (its timm name) and ``kwargs`` (its timm constructor arguments); ``img_size``: the
 teacher's input size, when it was trained at another size than the student (null: a vitpipe
-checkpoint's own ``model.img_size``, else the student's batch as it is).
+checkpoint's own ``model.img_size``, else the student's batch as it is). A safetensors file written
+by ``scripts/make_teacher.py`` carries its arch, kwargs and img_size in its metadata: settings left
+null are read from there, and a setting that contradicts the file is refused.
 
     loss = (1 - alpha) * CE(student, labels) + alpha * distill
     soft:  distill = KL(softmax(teacher / tau) || softmax(student / tau)) * tau^2   (mean over images)
@@ -21,6 +23,7 @@ is in no optimizer, no checkpoint and no DDP wrapper, and eval/predict/export ne
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch.nn.functional as F
@@ -49,7 +52,8 @@ def check_distill(distill: dict | None) -> dict | None:
         raise ConfigError(f"module.distill.tau={cfg['tau']!r}: use a temperature > 0 (DeiT soft: 1.0)")
     size = None if cfg["img_size"] is None else to_hw(cfg["img_size"], "module.distill.img_size")
     return {**cfg, "teacher": str(cfg["teacher"]), "alpha": float(cfg["alpha"]), "tau": float(cfg["tau"]),
-            "kwargs": plain_kwargs(cfg["kwargs"], "module.distill.kwargs"), "img_size": size}
+            "kwargs": None if cfg["kwargs"] is None else plain_kwargs(cfg["kwargs"], "module.distill.kwargs"),
+            "img_size": size}  # kwargs None: a weights file's metadata says them (load_teacher)
 
 
 def teacher_input(x: Tensor, size: tuple[int, int] | None) -> Tensor:
@@ -77,6 +81,47 @@ def combine(base: Tensor, student: Tensor, teacher: Tensor, *, type: str, alpha:
     return (1 - alpha) * base + alpha * distill_term(student, teacher, type=type, tau=tau)
 
 
+def file_metadata(path: Path) -> dict:
+    """``{arch, kwargs, img_size}`` as far as a safetensors teacher file's metadata holds them
+    (``vitpipe.tasks.make_teacher`` writes all three); empty for other files or a file without them."""
+    if path.suffix != ".safetensors":
+        return {}
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+    except Exception:  # not a readable safetensors file: the weights loader says so in its own line
+        return {}
+    found = {}
+    for key in ("arch", "kwargs", "img_size"):
+        if key not in meta:
+            continue
+        try:
+            found[key] = meta[key] if key == "arch" else json.loads(meta[key])
+        except ValueError:
+            raise ConfigError(f"module.distill.teacher={path}: its metadata {key}={meta[key]!r} is not JSON; "
+                              f"set module.distill.{key} instead") from None
+    if "kwargs" in found:
+        found["kwargs"] = plain_kwargs(found["kwargs"], f"module.distill.teacher={path}: its metadata kwargs")
+    if "img_size" in found:
+        found["img_size"] = to_hw(found["img_size"], f"module.distill.teacher={path}: its metadata img_size")
+    return found
+
+
+def _from_file(given, stored, key: str, spec: str):
+    """A setting of a weights-file teacher: the config's, else the file's; both and different: refused."""
+    if given is None or stored is None:
+        return stored if given is None else given
+    if given != stored:
+        def show(v):  # as the config writes it: lists, not the tuples the checks make
+            return list(v) if isinstance(v, tuple) else {k: show(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+        raise ConfigError(f"module.distill.{key}={show(given)} but the teacher file {spec} was written for "
+                          f"{key}={show(stored)} (its metadata); leave module.distill.{key} null to use the file's")
+    return given
+
+
 def load_teacher(spec: str, *, num_classes: int, in_chans: int, arch: str | None = None, kwargs: dict | None = None,
                  img_size: int | tuple[int, int] | None = None) -> nn.Module:
     """The teacher named by ``module.distill.teacher``, frozen, in eval mode, on the CPU.
@@ -86,7 +131,8 @@ def load_teacher(spec: str, *, num_classes: int, in_chans: int, arch: str | None
     timm export (``format=timm``); a weights file needs ``arch`` (its timm model name); anything
     else must be a timm model name with weights in the HF cache. The teacher must predict the
     data's ``num_classes`` classes. ``teacher.img_size`` is its input size: ``img_size``, else what a
-    vitpipe checkpoint was trained at, else None (the student's batch as it is).
+    vitpipe checkpoint was trained at, else None (the student's batch as it is). For a weights file,
+    ``arch``, ``kwargs`` and ``img_size`` left None are read from its metadata (``file_metadata``).
     """
     import timm
 
@@ -102,6 +148,12 @@ def load_teacher(spec: str, *, num_classes: int, in_chans: int, arch: str | None
     elif path.suffix in WEIGHT_SUFFIXES:
         if not path.is_file():
             raise ConfigError(f"module.distill.teacher={spec}: no such file")
+        meta = file_metadata(path)
+        arch = _from_file(arch, meta.get("arch"), "arch", spec)
+        kwargs = _from_file(None if kwargs is None else plain_kwargs(kwargs, "module.distill.kwargs"),
+                            meta.get("kwargs"), "kwargs", spec)  # fmt: skip
+        given = None if img_size is None else to_hw(img_size, "module.distill.img_size")
+        img_size = _from_file(given, meta.get("img_size"), "img_size", spec)
         if not arch or not timm.is_model(arch):
             raise ConfigError(f"module.distill.teacher={spec} is a weights file: name its timm model with "
                               f"module.distill.arch (got {arch!r}), e.g. resnet18")
