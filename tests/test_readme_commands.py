@@ -58,6 +58,7 @@ CAPTION = f"{TRAIN} experiment=caption_shapes"
 FMNIST_RUN = f"{TRAIN} experiment=fmnist_vit"
 FMNIST_REG4 = f"{TRAIN} experiment=fmnist_vit model.reg_tokens=4"
 TEACHER = f"{TRAIN} experiment=fmnist_teacher"
+SWEEP = f"{TRAIN} -m model.pos_embed=learned,sincos2d,learned2d"
 SOURCE = f"{TRAIN} experiment=transfer_source"
 S = tuple(SHORT_TRAIN)
 SB = (*S, "data.batch_size=8", "data.eval_batch_size=8")   # 2 batches of a big model: small ones
@@ -76,7 +77,9 @@ SPECS: dict[str, Spec] = {
     f"{TRAIN} model=vit_b16 data=cifar10": Spec(fails=HEADLINE_FAILS),
     f"{TRAIN} model=vit_s4 data=fashion_mnist": Spec(append=SB, needs_fmnist=True, expect=("FashionMNISTDataModule",)),
     f"{TRAIN} model.pos_embed=sincos2d model.depth=6": Spec(append=S),
-    f"{TRAIN} -m model.pos_embed=learned,sincos2d,learned2d": Spec(append=S, quick=True, expect=("sweep summary of 3 job(s)",)),
+    SWEEP: Spec(append=S, quick=True, expect=("sweep summary of 3 job(s)",)),
+    "python scripts/sweep_report.py logs/train/multiruns/<time>": Spec(
+        needs=(SWEEP,), time_of=SWEEP, quick=True, expect=(": 3 job(s)", "pos_embed")),
     CAPTION: Spec(append=S),
     f"{TRAIN} ckpt_path=last": Spec(append=S, needs=(DEFAULT,), own_dir=True, quick=True,
                                     expect=("ckpt_path=last -> run", "resuming from")),
@@ -112,6 +115,7 @@ SPECS: dict[str, Spec] = {
     f"{TRAIN} model=vit_s4 data=cifar10 trainer=gpu": Spec(fails=GPU_LINE, quick=True),
     f"{TRAIN} trainer=ddp trainer.devices=4 data.batch_size=128 lr_scaling.rule=linear": Spec(fails=GPU_LINE),
     f"{TRAIN} model=vit_h14 trainer=fsdp": Spec(fails=GPU_LINE),
+    f"{TRAIN} experiment=cifar10_vit data.download=true": Spec(fails=GPU_LINE),   # its trainer is gpu
     f"{TRAIN} compile=true model.grad_checkpointing=true": Spec(append=SB),
     f"{TRAIN} trainer=ddp_cpu trainer.devices=2": Spec(append=S),
     f"{TRAIN} -m hydra/launcher=slurm trainer=ddp trainer.devices=4 trainer.num_nodes=2 hydra.launcher.partition=gpu "
@@ -187,9 +191,12 @@ class Session:
 
     def text(self, command: str, spec: Spec) -> str:
         text = command
-        if spec.time_of:
+        if spec.time_of and re.search(r"logs/\w+/runs/<time>", text):
             run = run_dir_of(self.results[spec.time_of].stdout).relative_to(self.home)
             text = re.sub(r"logs/\w+/runs/<time>", str(run), text)
+        if spec.time_of and re.search(r"logs/\w+/multiruns/<time>", text):  # the sweep dir the sweep printed
+            sweep = re.search(r"sweep summary of \d+ job\(s\) in (\S+)summary\.md", self.results[spec.time_of].stdout)
+            text = re.sub(r"logs/\w+/multiruns/<time>", str(Path(sweep.group(1)).relative_to(self.home)), text)
         if "<caption ckpt>" in text:
             text = text.replace("<caption ckpt>", str(run_dir_of(self.results[CAPTION].stdout)))
         for old, new in (("<run_dir_or_ckpt_or_last>", "last"), ("<ckpt | run dir | last>", "last"),

@@ -1,5 +1,6 @@
-"""The README's "Using a trained model" snippet, run as written: the exported timm folder, loaded with
-timm alone, prints the label and the probability that scripts/predict.py writes for the same image."""
+"""The timm snippet of docs/using-a-model.md ("End to end on the default run"), run as written: the
+exported timm folder, loaded with timm alone, prints the label and the probability that
+scripts/predict.py writes for the same image."""
 
 from __future__ import annotations
 
@@ -15,20 +16,21 @@ import tiny_checkpoints as tc
 from conftest import make_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "using-a-model.md"   # the page that shows the end-to-end block and the timm snippet
 
 
 def readme_blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    return re.findall(rf"```{lang}\n(.*?)```", PAGE.read_text(), flags=re.S)
 
 
 def timm_snippet() -> str:
     found = [b for b in readme_blocks("python") if 'timm.create_model("local-dir:' in b]
-    assert len(found) == 1, "the README has one python block that loads the exported timm folder"
+    assert len(found) == 1, "docs/using-a-model.md has one python block that loads the exported timm folder"
     return found[0]
 
 
 def digits_png_command() -> list[str]:
-    """The README's `python -c ...` line that writes digits_png/ (the end-to-end block), as argv."""
+    """The page's `python -c ...` line that writes digits_png/ (the end-to-end block), as argv."""
     lines = [ln for b in readme_blocks("bash") for ln in b.splitlines()
              if ln.startswith("python -c") and "digits_png" in ln]
     assert len(lines) == 1, lines
@@ -52,8 +54,8 @@ def test_readme_timm_snippet_prints_predicts_label_and_probability(tmp_path, mon
         rows = {Path(r["path"]).name: r for r in csv.DictReader(f)}
     capsys.readouterr()
 
-    monkeypatch.chdir(work)  # the snippet names its files relative to where the README commands ran
-    exec(compile(timm_snippet(), "README.md", "exec"), {})
+    monkeypatch.chdir(work)  # the snippet names its files relative to where the page's commands ran
+    exec(compile(timm_snippet(), str(PAGE), "exec"), {})
     printed = capsys.readouterr().out.split()
     image = re.search(r'Image\.open\("digits_png/([^"]+)"\)', timm_snippet()).group(1)
     row = rows[image]

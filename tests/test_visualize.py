@@ -336,28 +336,39 @@ def test_rollout_callback_bad_options():
         RolloutCallback(head_fusion="median")
 
 
-# ---------------------------------------------------------------- the README's figures
+# ---------------------------------------------------------------- the figures of the README and docs/
 
 FIGURE_COMMAND = re.compile(r"^python scripts/visualize_attention\.py (.*\bout=(notebooks/figures/\S+).*)$", re.M)
 
 
+def page_texts() -> list[tuple[Path, str]]:
+    """(path, text) of README.md and every docs/ page (the pages whose commands the README test runs)."""
+    from readme_commands import pages
+
+    return [(p, p.read_text()) for p in pages() if p.is_file()]
+
+
 def readme_figure_commands() -> list[tuple[list[str], str]]:
-    """(overrides, out folder) of every README command that writes a committed figure."""
-    text = (ROOT / "README.md").read_text()
-    return [(args.split("#")[0].split(), out) for args, out in FIGURE_COMMAND.findall(text)]
+    """(overrides, out folder) of every command the pages show that writes a committed figure."""
+    return [(args.split("#")[0].split(), out) for _, text in page_texts() for args, out in FIGURE_COMMAND.findall(text)]
+
+
+def linked_pngs() -> set[str]:
+    """Every PNG the pages link, as a path from the repository root (links are relative to their page)."""
+    return {(page.parent / link).resolve().relative_to(ROOT).as_posix()
+            for page, text in page_texts() for link in re.findall(r"\]\(([^)\s:]+\.png)\)", text)}
 
 
 def test_readme_attention_figures_come_from_the_commands_it_shows(tmp_path, classifier_ckpt):
-    # the README names the command that drew each attention figure: every figure it links under that
+    # the pages name the command that drew each attention figure: every figure they link under that
     # command's out= folder is committed, and the command (on a tiny checkpoint) writes exactly those files
-    text = (ROOT / "README.md").read_text()
     commands = readme_figure_commands()
-    assert len(commands) >= 2, "the README's Fashion-MNIST figures (0 and 4 registers) lost their commands"
+    assert len(commands) >= 2, "the pages' Fashion-MNIST figures (0 and 4 registers) lost their commands"
     for i, (overrides, out) in enumerate(commands):
-        linked = sorted(set(re.findall(rf"\]\(({re.escape(out)}/[^)\s]+\.png)\)", text)))
-        assert linked, f"the README shows no figure from out={out}"
+        linked = sorted(p for p in linked_pngs() if p.startswith(out + "/"))
+        assert linked, f"no page shows a figure from out={out}"
         for path in linked:
-            assert (ROOT / path).is_file(), f"the README links {path}, which is not committed"
+            assert (ROOT / path).is_file(), f"a page links {path}, which is not committed"
         where = tmp_path / f"out{i}"
         args = [a for a in overrides if not a.startswith(("ckpt_path=", "out="))]
         written = viz.visualize(make_cfg(tmp_path, [f"ckpt_path={classifier_ckpt}", f"out={where}", *args],
