@@ -1,6 +1,6 @@
 """vitpipe: a Vision Transformer training pipeline."""
 
-from vitpipe.config import launcher
+from vitpipe.config import build, launcher  # noqa: F401  (build registers ${auto_precision:} at import)
 from vitpipe.models import ViT, create_model, list_models, registry
 from vitpipe.run import dirs
 
