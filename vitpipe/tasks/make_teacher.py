@@ -4,11 +4,10 @@
     python scripts/make_teacher.py logs/fmnist_teacher/runs/<time> conf/teachers/fmnist_resnet10t.safetensors
 
 The run (a run directory: its best checkpoint, or a .ckpt file) must hold a timm model
-(``model=timm``); the file is then loaded as ``module.distill.teacher=<file>
-module.distill.arch=<timm name> module.distill.kwargs=<the run's model.kwargs>
-module.distill.img_size=<the run's model.img_size>`` (the script prints the line). After writing,
-the file is loaded back the way training loads a teacher (``vitpipe.lit.distill.load_teacher``)
-and must give the checkpoint's logits.
+(``model=timm``); its safetensors metadata records the timm name, the run's ``model.kwargs`` and
+``model.img_size``, so ``module.distill.teacher=<file>`` alone uses it (the script prints the line).
+After writing, the file is loaded back the way training loads a teacher, from its metadata
+(``vitpipe.lit.distill.load_teacher``), and must give the checkpoint's logits.
 """
 
 from __future__ import annotations
@@ -42,23 +41,14 @@ def make_teacher(run: str, out: str) -> Path:
                 metadata={"arch": arch, "kwargs": json.dumps(kwargs), "img_size": json.dumps(list(net.img_size)),
                           "source": str(ckpt)})  # fmt: skip
     atomic_write(out, lambda f: f.write(data))  # a kill mid-write never leaves half a teacher
-    teacher = load_teacher(str(out), num_classes=net.num_classes, in_chans=net.in_chans, arch=arch, kwargs=kwargs,
-                           img_size=net.img_size)  # fmt: skip
+    teacher = load_teacher(str(out), num_classes=net.num_classes, in_chans=net.in_chans)  # as the metadata says
     x = torch.randn(4, net.in_chans, *net.img_size)
     with torch.no_grad():
         diff = check_logits(teacher.eval()(x), net, x, tolerance=1e-5, differs=f"{out} reloads unlike {ckpt}",
                             measure="max abs logit difference")
     size = out.stat().st_size / 2**20
-
-    def compact(v) -> str:  # one shell word, as Hydra parses it; a string's own spaces stay
-        return json.dumps(v, separators=(",", ":"))
-
-    hydra_kwargs = ",".join(f"{k}:{compact(v)}" for k, v in kwargs.items())
-    h, w = net.img_size
     print(f"vitpipe: teacher {arch} from {ckpt} -> {out} ({size:.2f} MB; reloaded, logits within {diff:.1g});\n"
-          f"  use it: module.distill.teacher={out} module.distill.arch={arch}"
-          + (f" 'module.distill.kwargs={{{hydra_kwargs}}}'" if kwargs else "")
-          + f" module.distill.img_size={h if h == w else compact([h, w])}")
+          f"  use it: module.distill.teacher={out} (its arch, kwargs and img_size are read from the file)")
     return out
 
 
