@@ -50,6 +50,7 @@ def stdout(nb) -> str:
 
 
 @pytest.mark.timeout(BUDGET_S + 60)
+@pytest.mark.slow  # 8-25 s of subprocesses: .ci/run runs it after the default suite
 def test_attention_rollout_notebook(tmp_path, monkeypatch):
     nb, seconds = execute("attention_rollout.ipynb", tmp_path, monkeypatch)
     assert len(outputs(nb, "image/png")) == 4  # rollout, sharpened rollout, gradient rollout, heads
@@ -61,6 +62,7 @@ def test_attention_rollout_notebook(tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(BUDGET_S + 60)
+@pytest.mark.slow  # 8-25 s of subprocesses: .ci/run runs it after the default suite
 def test_captioning_notebook(tmp_path, monkeypatch):
     nb, seconds = execute("captioning_attention.ipynb", tmp_path, monkeypatch)
     assert len(outputs(nb, "image/png")) == 4 + 1  # one figure per image, then the encoder's rollout
@@ -70,6 +72,7 @@ def test_captioning_notebook(tmp_path, monkeypatch):
     assert seconds < BUDGET_S
 
 
+@pytest.mark.slow  # 8-25 s of subprocesses: .ci/run runs it after the default suite
 def test_rollout_notebook_loads_a_checkpoint(tmp_path, monkeypatch):
     """With CKPT set, the notebook explains that checkpoint on its test images instead of training."""
     import torch

@@ -96,6 +96,7 @@ def test_last_passes_over_a_live_run_and_names_what_it_took(tmp_path, capsys):
     assert resolve_ckpt_path("last", log_dir=logs, which="last") == running / "checkpoints" / "last.ckpt"
 
 
+@pytest.mark.slow  # 8-25 s of subprocesses: .ci/run runs it after the default suite
 def test_a_training_run_is_live_until_its_process_ends(tmp_path):
     """A real run, stopped mid-training: while it trains `last` does not fork it; after kill -9 it does."""
     home = fresh_checkout(tmp_path / "work")

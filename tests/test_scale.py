@@ -123,6 +123,7 @@ def test_ddp_two_processes_equal_one_process_with_the_same_global_batch(ddp_runs
     torch.testing.assert_close(model.head.weight, wa["net.head.weight"])
 
 
+@pytest.mark.slow  # 8-25 s of subprocesses: .ci/run runs it after the default suite
 def test_multirun_of_three_jobs_writes_a_summary_row_per_job(tmp_path):
     sweep = tmp_path / "sweep"
     r = _train_cli(*TINY, "trainer.max_epochs=1", "trainer.limit_train_batches=2", "test=true",
@@ -291,6 +292,7 @@ def test_sweeper_and_launcher_configs_compose(cfg_factory):
     assert "SlurmLauncher" in launcher["_target_"] and launcher["tasks_per_node"] == 4 and launcher["nodes"] == 2
 
 
+@pytest.mark.slow  # 8-25 s of subprocesses: .ci/run runs it after the default suite
 def test_optuna_sweep_runs_two_trials(tmp_path):
     sweep = tmp_path / "optuna"
     r = _train_cli(*TINY, "trainer.max_epochs=1", "trainer.limit_train_batches=2", "hparams_search=optuna",
