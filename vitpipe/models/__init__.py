@@ -1,5 +1,7 @@
 from vitpipe.models.captioner import Captioner
-from vitpipe.models.registry import VARIANTS, create_model, list_models
+from vitpipe.models.mae import MaskedAutoencoderViT, load_official
+from vitpipe.models.registry import MAE_VARIANTS, VARIANTS, create_mae, create_model, list_mae_models, list_models
 from vitpipe.models.vit import ViT
 
-__all__ = ["VARIANTS", "Captioner", "ViT", "create_model", "list_models"]
+__all__ = ["MAE_VARIANTS", "VARIANTS", "Captioner", "MaskedAutoencoderViT", "ViT", "create_mae", "create_model",
+           "list_mae_models", "list_models", "load_official"]

@@ -7,10 +7,14 @@ overrides. Dimensions follow timm/the ViT paper; the ``*4`` variants use 4-px pa
 The Hydra model configs read the same table: conf/model/vit.yaml takes a variant's values through
 ``${variant:${.name},depth}`` (``register_resolvers``), so a new variant is one line here plus a
 two-line conf/model/<name>.yaml (``defaults: [vit]``, ``name: <name>``).
+
+MAE variants (``create_mae``) name their encoder's row here and add only the decoder and loss, so
+``mae_vit_b16``'s encoder is ``vit_b16``'s dimensions and loads into a ``vit_b16`` classifier.
 """
 
 from __future__ import annotations
 
+from vitpipe.models.mae import DEFAULT_DECODER, MaskedAutoencoderViT
 from vitpipe.models.vit import ViT
 
 VARIANTS: dict[str, dict] = {
@@ -38,17 +42,54 @@ TIMM_NAMES = {
 }
 
 
+# MAE pre-training: the encoder is a VARIANTS row; the paper's decoder (512 wide, 8 deep, 16 heads) and
+# norm_pix_loss (its best targets) for the ImageNet sizes; narrower, shallower decoders for small images.
+# nano's 2x2 one-channel patches are too small to normalise (4 pixels; blank patches), so raw pixels there.
+MAE_VARIANTS: dict[str, dict] = {
+    "mae_vit_nano": dict(encoder="vit_nano", decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=4,
+                         norm_pix_loss=False),
+    "mae_vit_ti4": dict(encoder="vit_ti4", decoder_embed_dim=128, decoder_depth=4, decoder_num_heads=4,
+                        norm_pix_loss=True),
+    "mae_vit_s4": dict(encoder="vit_s4", decoder_embed_dim=256, decoder_depth=4, decoder_num_heads=8,
+                       norm_pix_loss=True),
+    "mae_vit_b16": dict(encoder="vit_b16", **DEFAULT_DECODER, norm_pix_loss=True),
+    "mae_vit_l16": dict(encoder="vit_l16", **DEFAULT_DECODER, norm_pix_loss=True),
+    "mae_vit_h14": dict(encoder="vit_h14", **DEFAULT_DECODER, norm_pix_loss=True),
+}
+
+
+def mae_kwargs(name: str) -> dict:
+    """``MaskedAutoencoderViT`` kwargs of MAE variant ``name``: its encoder row of VARIANTS plus its decoder."""
+    if name not in MAE_VARIANTS:
+        raise ValueError(f"unknown MAE model name={name!r}; valid choices: {', '.join(MAE_VARIANTS)}")
+    row = dict(MAE_VARIANTS[name])
+    enc = VARIANTS[row.pop("encoder")]
+    return dict(img_size=enc["img_size"], patch_size=enc["patch_size"], embed_dim=enc["dim"], depth=enc["depth"],
+                num_heads=enc["num_heads"], **row)
+
+
+def create_mae(name: str, **overrides) -> MaskedAutoencoderViT:
+    """Build MAE variant ``name`` with keyword overrides (any ``MaskedAutoencoderViT`` argument)."""
+    return MaskedAutoencoderViT(**{**mae_kwargs(name), **overrides})
+
+
+def list_mae_models() -> list[str]:
+    return list(MAE_VARIANTS)
+
+
 def list_models() -> list[str]:
     return list(VARIANTS)
 
 
 def variant_value(name: str, key: str):
-    """``VARIANTS[name][key]``: the ``${variant:<name>,<key>}`` resolver of conf/model/vit.yaml."""
-    if name not in VARIANTS:
-        raise ValueError(f"unknown model.name={name!r}; valid choices: {', '.join(VARIANTS)}")
-    if key not in VARIANTS[name]:
-        raise ValueError(f"variant {name} has no {key!r}; the table holds {', '.join(VARIANTS[name])}")
-    return VARIANTS[name][key]
+    """``VARIANTS[name][key]``: the ``${variant:<name>,<key>}`` resolver of conf/model/vit.yaml; for an MAE
+    variant, ``mae_kwargs(name)[key]`` (embed_dim, depth, ..., decoder_embed_dim, norm_pix_loss)."""
+    if name not in VARIANTS and name not in MAE_VARIANTS:
+        raise ValueError(f"unknown model.name={name!r}; valid choices: {', '.join([*VARIANTS, *MAE_VARIANTS])}")
+    table = VARIANTS[name] if name in VARIANTS else mae_kwargs(name)
+    if key not in table:
+        raise ValueError(f"variant {name} has no {key!r}; the table holds {', '.join(table)}")
+    return table[key]
 
 
 def register_resolvers() -> None:
