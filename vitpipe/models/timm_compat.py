@@ -232,14 +232,18 @@ def offline_weights_message(name: str, err: BaseException) -> str:
 def load_pretrained(model: ViT, source: str | Path, *, head: bool = True) -> ViT:
     """Load weights from a file or a timm model name into ``model``, adapting positions and head.
 
+    A file may also hold an MAE (a vitpipe MAE checkpoint with ``net.*`` keys, a bare
+    ``MaskedAutoencoderViT`` state dict, a facebookresearch/mae ``.pth``): its encoder loads, its
+    decoder is dropped. One log line says how many tensors loaded and which of the model's are new.
+
     head=False keeps this model's fresh head even when the class counts agree (transfer to other
     classes: a source head's class k means something else)."""
     src = str(source)
     if src.endswith(WEIGHT_SUFFIXES) or Path(src).exists():
-        sd = read_state_dict(src)
+        sd, decoder = split_mae_decoder(read_state_dict(src))
         prefix_rows = _prefix_rows(sd, model)
     else:
-        sd, prefix_rows = _timm_hub_state_dict(src)
+        (sd, prefix_rows), decoder = _timm_hub_state_dict(src), {}
     sd = timm_to_vitpipe(sd, num_prefix_tokens=prefix_rows, model=model)
 
     if "pos_embed.weight" in sd:
@@ -261,11 +265,28 @@ def load_pretrained(model: ViT, source: str | Path, *, head: bool = True) -> ViT
     bad = {k: (sd[k].shape, s.shape) for k, s in own.items() if k in sd and sd[k].shape != s.shape}  # model order
     missing, unexpected = model.load_state_dict({k: v for k, v in sd.items() if k not in bad}, strict=False)
     missing = [k for k in missing if not k.startswith("head.") and k not in bad]
+    name = Path(src).name if Path(src).is_file() else src  # the user named it: the name says which
     if bad or missing or unexpected:
-        name = Path(src).name if Path(src).is_file() else src  # the user named it: the name says which
         what = mismatch_summary(bad, missing, unexpected, "file", keys=0 if bad else 3)
-        raise ConfigError(f"weights {name!r} do not fit this model: {what}; use their model variant")
+        hint = ("build the classifier from the MAE's encoder (ViT(**mae.encoder_kwargs(), num_classes=...): "
+                "the same dimensions and pos_embed)") if decoder else "use their model variant"
+        raise ConfigError(f"weights {name!r} do not fit this model: {what}; {hint}")
+    new = [k for k in own if k not in sd]
+    log.info("pretrained: %s tensors loaded from %s%s; new: %s", len(sd), name,
+             f" (an MAE: its decoder's {len(decoder)} tensors dropped)" if decoder else "",
+             ", ".join(new) or "nothing")
     return model
+
+
+MAE_DECODER_PREFIXES = ("decoder_", "mask_token")
+
+
+def split_mae_decoder(sd: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """(encoder, decoder) parts of a state dict: an MAE's decoder (``decoder_*``, ``mask_token``; vitpipe's
+    ``MaskedAutoencoderViT`` or facebookresearch/mae's) is what a classifier does not have. A ViT's state
+    dict has none of these keys: it comes back whole, with an empty decoder."""
+    decoder = {k: v for k, v in sd.items() if k.startswith(MAE_DECODER_PREFIXES)}
+    return {k: v for k, v in sd.items() if k not in decoder}, decoder
 
 
 def mismatch_summary(wrong: dict[str, tuple], missing: list[str], unexpected: list[str], source: str, *,
