@@ -318,3 +318,24 @@ def test_registry_mae_variants_read_the_vit_table():
             "decoder_blocks.1.mlp.fc2.weight"} <= names
     with pytest.raises(ValueError, match="unknown MAE model name='mae_vit_x'; valid choices: mae_vit_nano"):
         create_mae("mae_vit_x")
+
+
+def test_official_sizes_come_from_the_shapes():
+    """ViT-H/14's 16 heads of 80 are not 1280 // 64: heads come from the variant of that width and depth."""
+    def shapes(D, depth, p, n, Dd=512, ddepth=8):
+        sd = {"patch_embed.proj.weight": (D, 3, p, p), "cls_token": (1, 1, D), "pos_embed": (1, 1 + n, D),
+              "decoder_embed.weight": (Dd, D)}
+        sd.update({f"blocks.{i}.mlp.fc1.weight": (4 * D, D) for i in range(depth)})
+        sd.update({f"decoder_blocks.{i}.mlp.fc1.weight": (4 * Dd, Dd) for i in range(ddepth)})
+        return {k: torch.empty(s, device="meta") for k, s in sd.items()}
+
+    from vitpipe.models.mae import official_kwargs
+
+    for (D, depth, p, heads) in [(768, 12, 16, 12), (1024, 24, 16, 16), (1280, 32, 14, 16), (256, 3, 8, 4)]:
+        kw = official_kwargs(shapes(D, depth, p, 14 * 14 if p == 16 else 16 * 16 if p == 14 else 4 * 4))
+        assert (kw["embed_dim"], kw["depth"], kw["num_heads"], kw["patch_size"]) == (D, depth, heads, (p, p))
+        assert kw["img_size"] == ((224, 224) if p in (14, 16) else (32, 32)) and kw["mlp_ratio"] == 4.0
+        assert (kw["decoder_embed_dim"], kw["decoder_depth"], kw["decoder_num_heads"]) == (512, 8, 16)
+    with pytest.raises(ConfigError, match="holds 12 patch rows, not a square grid; pass img_size"):
+        official_kwargs(shapes(256, 3, 8, 12))
+    assert official_kwargs(shapes(256, 3, 8, 12), img_size=(24, 32))["img_size"] == (24, 32)

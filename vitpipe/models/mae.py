@@ -209,17 +209,27 @@ def _depth(sd: dict[str, Tensor], prefix: str) -> int:
     return max(found) + 1 if found else 0
 
 
-def official_kwargs(sd: dict[str, Tensor]) -> dict:
+def official_kwargs(sd: dict[str, Tensor], img_size=None) -> dict:
     """``MaskedAutoencoderViT`` kwargs read from the shapes of a facebookresearch/mae state dict.
-    Heads are not in the shapes: the released models' (embed_dim // 64 in the encoder, 16 in the decoder)."""
-    w = sd["patch_embed.proj.weight"]  # (D, C, p, q)
-    D, C, p, q = w.shape
-    n = sd["pos_embed"].shape[1] - int("cls_token" in sd)
-    side = int(round(n**0.5))
-    if side * side != n:
-        raise ConfigError(f"official MAE pos_embed holds {n} patch rows, not a square grid; pass img_size=(h, w)")
-    kw = dict(img_size=(side * p, side * q), patch_size=(p, q), in_chans=C, embed_dim=D, depth=_depth(sd, "blocks"),
-              num_heads=max(D // 64, 1), mlp_ratio=sd["blocks.0.mlp.fc1.weight"].shape[0] / D,
+
+    Heads are not in the shapes: the encoder's are those of the ViT variant with its width and depth
+    (ViT-H/14: 16 heads of 80), else embed_dim // 64; the decoder's 16, as in every released model.
+    ``img_size`` (for a non-square table) replaces the square grid read from ``pos_embed``.
+    """
+    from vitpipe.models.registry import VARIANTS
+
+    D, C, p, q = sd["patch_embed.proj.weight"].shape
+    depth = _depth(sd, "blocks")
+    if img_size is None:
+        n = sd["pos_embed"].shape[1] - int("cls_token" in sd)
+        side = int(round(n**0.5))
+        if side * side != n:
+            raise ConfigError(f"official MAE pos_embed holds {n} patch rows, not a square grid; "
+                              "pass img_size=(height, width)")
+        img_size = (side * p, side * q)
+    heads = [v["num_heads"] for v in VARIANTS.values() if (v["dim"], v["depth"]) == (D, depth)]
+    kw = dict(img_size=img_size, patch_size=(p, q), in_chans=C, embed_dim=D, depth=depth,
+              num_heads=heads[0] if heads else max(D // 64, 1), mlp_ratio=sd["blocks.0.mlp.fc1.weight"].shape[0] / D,
               pos_embed="learned", class_token="cls_token" in sd, pool="cls" if "cls_token" in sd else "mean")
     if "decoder_embed.weight" in sd:
         kw.update(decoder_embed_dim=sd["decoder_embed.weight"].shape[0], decoder_depth=_depth(sd, "decoder_blocks"),
@@ -231,7 +241,7 @@ def load_official(path: str | Path, **overrides) -> MaskedAutoencoderViT:
     """A facebookresearch/mae checkpoint (``{"model": state_dict}``) as a ``MaskedAutoencoderViT``.
 
     ``mae_pretrain_vit_*.pth`` hold the encoder only (the decoder is built fresh, and logged);
-    the ``*_full`` files add the decoder. The stored ``pos_embed`` (1, 1 + L, D) is the reference's
+    the ``*_full`` files add the decoder. Sizes are read from the shapes (``official_kwargs``). The stored ``pos_embed`` (1, 1 + L, D) is the reference's
     fixed sin-cos table: it is loaded as stored into a frozen ``pos_embed="learned"`` table
     (``requires_grad=False``, as in the reference). ``overrides``: any constructor argument
     (``norm_pix_loss``, heads, a fresh decoder's sizes, ...). Any key left missing or unexpected
@@ -245,7 +255,7 @@ def load_official(path: str | Path, **overrides) -> MaskedAutoencoderViT:
     if not all(k in sd for k in needed):
         absent = ", ".join(k for k in needed if k not in sd)
         raise ConfigError(f"{name!r} is not a facebookresearch/mae checkpoint: it has no {absent}")
-    kwargs = {**DEFAULT_DECODER, **official_kwargs(sd), **overrides}
+    kwargs = {**DEFAULT_DECODER, **official_kwargs(sd, overrides.get("img_size")), **overrides}
     model = MaskedAutoencoderViT(**kwargs)
     sd = {("pos_embed.weight" if k == "pos_embed" else k): v for k, v in sd.items()}
     own = model.state_dict()
