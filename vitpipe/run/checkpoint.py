@@ -44,14 +44,15 @@ _OPTIMIZERS = {"torch.optim.AdamW", "torch.optim.Adam", "torch.optim.SGD", "timm
 }
 ALLOWED_TARGETS: dict[str, frozenset[str]] = {
     "model": frozenset({"vitpipe.create_model", "vitpipe.models.captioner.Captioner",
-                        "vitpipe.models.timm_model.create_timm_model"}),
+                        "vitpipe.models.timm_model.create_timm_model", "vitpipe.models.registry.create_mae"}),
     "data": frozenset({
         "vitpipe.data.CIFAR10DataModule", "vitpipe.data.CIFAR100DataModule", "vitpipe.data.DigitsDataModule",
         "vitpipe.data.FashionMNISTDataModule", "vitpipe.data.ImageFolderDataModule",
         "vitpipe.data.SyntheticDataModule", "vitpipe.data.captions.COCOCaptionDataModule",
         "vitpipe.data.captions.ShapesCaptionDataModule", "vitpipe.data.shards.ShardsDataModule",
     }),
-    "module": frozenset({"vitpipe.lit.ImageClassifier", "vitpipe.lit.captioner.CaptionModule", *_OPTIMIZERS}),
+    "module": frozenset({"vitpipe.lit.ImageClassifier", "vitpipe.lit.captioner.CaptionModule", "vitpipe.lit.mae.MAEModule",
+                         *_OPTIMIZERS}),
 }
 # Hydra keys a stored config may carry; _args_, _recursive_, _convert_ (and any other _x_) are refused
 _SPECIAL_KEYS_ALLOWED = {"_target_", "_partial_"}
