@@ -13,21 +13,37 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms.v2 import functional as TF
 
 from vitpipe.data.balance import BalancedSampler, dataset_labels
 from vitpipe.data.erasing import random_erasing
-from vitpipe.data.fast import TensorImageDataset, identity_collate, random_crop, random_hflip, to_model_input
+from vitpipe.data.fast import (
+    TensorImageDataset,
+    identity_collate,
+    random_crop,
+    random_hflip,
+    random_resized_crop,
+    to_model_input,
+)
 from vitpipe.data.repeated import RepeatedAugSampler
 from vitpipe.data.resume import ResumeState, loader_generator
 from vitpipe.data.sampler import ShardedSampler, rank_layout
 from vitpipe.data.splits import check_val_split, split_indices
 from vitpipe.data.subset import check_classes, select
-from vitpipe.data.transforms import TransformedSubset, standard_transform
+from vitpipe.data.transforms import (
+    MAE_AUGMENT,
+    MAE_CROP_SCALE,
+    TransformedSubset,
+    standard_transform,
+)
 from vitpipe.data.workers import local_world_size, resolve_num_workers
 from vitpipe.errors import ConfigError, check_int, to_hw
+
+AUGMENT = (True, False, MAE_AUGMENT)
 
 
 @dataclass(frozen=True)
@@ -69,7 +85,9 @@ class ClassificationDataModule(L.LightningDataModule):
         sampler: ``default`` (each training image once per epoch) or ``balanced`` (a class-balanced
             epoch drawn with replacement, vitpipe.data.balance; needs shuffle).
         augment, hflip, crop_padding: training augmentation (random crop with zero padding,
-            horizontal flip); auto_augment: a timm RandAugment string (standard path only).
+            horizontal flip); ``augment="mae"``: MAE pre-training's, RandomResizedCrop at scale
+            0.2-1 to the model's size + the flip of ``hflip``, nothing else (both paths; He et al.
+            2022); auto_augment: a timm RandAugment string (standard path only).
         random_erasing: probability of erasing one random box per training image (timm's
             RandomErasing, mode pixel; both paths, vitpipe.data.erasing). DeiT: 0.25.
         repeated_aug: r > 1 puts each training image r times in the epoch's order, the copies on
@@ -102,7 +120,7 @@ class ClassificationDataModule(L.LightningDataModule):
         seed: int = 0,
         shuffle: bool = True,
         sampler: str = "default",
-        augment: bool = True,
+        augment: bool | str = True,
         hflip: bool = True,
         crop_padding: int = 4,
         auto_augment: str | None = None,
@@ -142,13 +160,19 @@ class ClassificationDataModule(L.LightningDataModule):
             raise ConfigError(f"data.repeated_aug={repeated_aug} cannot be combined with data.sampler=balanced "
                               "(both choose the epoch's images); use one of them")
         self.repeated_aug = repeated_aug
-        self.augment, self.hflip, self.fast_path = bool(augment), bool(hflip), bool(fast_path)
+        if augment not in AUGMENT:
+            raise ConfigError(f"data.augment={augment!r}; valid choices: true, false, mae")
+        self.augment = augment if augment == MAE_AUGMENT else bool(augment)
+        self.hflip, self.fast_path = bool(hflip), bool(fast_path)
         self.crop_padding = check_int(crop_padding, "data.crop_padding", minimum=0)
         self.auto_augment = auto_augment or None
         if not 0.0 <= float(random_erasing) <= 1.0:
             raise ConfigError(f"data.random_erasing={random_erasing!r} is a probability: "
                               "use a value in [0, 1] (DeiT: 0.25)")
         self.random_erasing = float(random_erasing)
+        if self.augment == MAE_AUGMENT and (self.random_erasing or auto_augment):
+            extra = "data.random_erasing=0" if self.random_erasing else "data.auto_augment=null"
+            raise ConfigError(f"data.augment=mae is RandomResizedCrop + flip alone (MAE pre-training): set {extra}")
         self.pin_memory, self.antialias = bool(pin_memory), bool(antialias)
 
         # Static facts the config carries, checked against what the data set is.
@@ -272,13 +296,17 @@ class ClassificationDataModule(L.LightningDataModule):
         if train and self.augment:
             observed = self.resume.observe(self.trainer)
             gen = self.resume.generator(x.device, self.trainer.global_rank) if observed else None
-            x = random_crop(x, self.crop_padding, gen)
+            if self.augment == MAE_AUGMENT:  # the crop resizes: on float pixels, straight to the model's size
+                x = random_resized_crop(TF.to_dtype(x, torch.float32, scale=True), self.img_size,
+                                        scale=MAE_CROP_SCALE, generator=gen)
+            else:
+                x = random_crop(x, self.crop_padding, gen)
             if self.hflip:
                 x = random_hflip(x, generator=gen)
         x = to_model_input(
             x, img_size=self.img_size, mean=self.mean, std=self.std, out_chans=self.in_chans, antialias=self.antialias
         )
-        if train and self.augment and self.random_erasing > 0:
+        if train and self.augment and self.random_erasing > 0:  # never with augment=mae (refused)
             x = random_erasing(x, self.random_erasing, generator=gen)  # same generator: exact resume holds
         return x
 

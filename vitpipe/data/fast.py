@@ -8,6 +8,7 @@ The numerics of resize/normalise are torchvision's own functional ops, so this p
 same eval tensors as the standard torchvision.transforms.v2 path.
 """
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -96,3 +97,58 @@ def to_model_input(
     if x.shape[1] != out_chans:  # grayscale data, RGB model: the base class allows only 1 -> 3
         x = x.expand(-1, out_chans, -1, -1).contiguous()
     return x
+
+
+def random_resized_crop_boxes(
+    n: int, size: tuple[int, int], scale: tuple[float, float], ratio: tuple[float, float],
+    generator: torch.Generator | None = None, device=None, tries: int = 10,
+) -> Tensor:
+    """``n`` boxes (top, left, height, width) in pixels of an image of ``size`` (H, W), drawn as
+    torchvision's ``RandomResizedCrop.get_params`` draws one: area fraction uniform in ``scale``,
+    aspect ratio log-uniform in ``ratio``, up to ``tries`` draws until the box fits, else the centre
+    crop at the nearest allowed ratio. Vectorised: all samples and tries at once. Returns (n, 4) int64.
+    """
+    H, W = size
+    area = H * W * torch.empty(n, tries, device=device).uniform_(*scale, generator=generator)  # (n, tries)
+    log_r = torch.empty(n, tries, device=device).uniform_(math.log(ratio[0]), math.log(ratio[1]), generator=generator)
+    r = torch.exp(log_r)
+    w = torch.sqrt(area * r).round().long()  # (n, tries)
+    h = torch.sqrt(area / r).round().long()
+    fits = (w > 0) & (h > 0) & (w <= W) & (h <= H)
+    first = torch.where(fits.any(1), fits.float().argmax(1), -1)  # (n,) the first try that fits, -1: none
+    # the fallback of torchvision: the whole image, cropped to the nearest allowed aspect ratio
+    in_ratio = W / H
+    if in_ratio < min(ratio):
+        fw, fh = W, round(W / min(ratio))
+    elif in_ratio > max(ratio):
+        fw, fh = round(H * max(ratio)), H
+    else:
+        fw, fh = W, H
+    pick = first.clamp(min=0)[:, None]  # (n, 1)
+    ok = first >= 0
+    h = torch.where(ok, h.gather(1, pick)[:, 0], torch.full_like(first, fh))  # (n,)
+    w = torch.where(ok, w.gather(1, pick)[:, 0], torch.full_like(first, fw))
+    u = torch.rand(n, 2, device=device, generator=generator)  # offsets uniform over the allowed positions
+    top = torch.where(ok, (u[:, 0] * (H - h + 1)).long().clamp(max=H - 1), (H - h) // 2)
+    left = torch.where(ok, (u[:, 1] * (W - w + 1)).long().clamp(max=W - 1), (W - w) // 2)
+    return torch.stack([top, left, h, w], dim=1)
+
+
+def random_resized_crop(
+    x: Tensor, out_size: tuple[int, int], *, scale: tuple[float, float] = (0.2, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3), generator: torch.Generator | None = None,
+) -> Tensor:
+    """A random box per sample (``random_resized_crop_boxes``) resized bilinearly to ``out_size``:
+    torchvision's ``RandomResizedCrop`` batched. x: float (B, C, H, W) -> (B, C, *out_size).
+
+    One ``grid_sample`` over the batch; with ``align_corners=False`` a box (top, left, h, w) maps output
+    pixel centres onto the box exactly as ``resize`` of the cropped box would (no antialiasing: the
+    boxes of small images are mostly upsampled).
+    """
+    B, _, H, W = x.shape
+    top, left, h, w = random_resized_crop_boxes(B, (H, W), scale, ratio, generator, x.device).to(x.dtype).unbind(1)
+    theta = torch.zeros(B, 2, 3, dtype=x.dtype, device=x.device)  # output [-1, 1] -> input [-1, 1], per sample
+    theta[:, 0, 0], theta[:, 0, 2] = w / W, (2 * left + w) / W - 1
+    theta[:, 1, 1], theta[:, 1, 2] = h / H, (2 * top + h) / H - 1
+    grid = F.affine_grid(theta, [B, x.shape[1], *out_size], align_corners=False)  # (B, oh, ow, 2)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)

@@ -17,6 +17,11 @@ from torchvision.transforms import v2
 
 from vitpipe.data.erasing import timm_random_erasing
 
+# ``augment="mae"``: MAE pre-training's augmentation (He et al. 2022, main_pretrain.py): RandomResizedCrop
+# at area scale 0.2-1 and a horizontal flip, nothing else; masking is the real regulariser
+MAE_AUGMENT = "mae"
+MAE_CROP_SCALE = (0.2, 1.0)
+
 
 class TransformedSubset(Dataset):
     """``base[indices[i]]`` through a per-image transform: one loaded data set serves train and val."""
@@ -41,7 +46,7 @@ def standard_transform(
     std: Sequence[float],
     channels: int,
     in_chans: int,
-    augment: bool = True,
+    augment: bool | str = True,
     crop_padding: int = 4,
     hflip: bool = True,
     auto_augment: str | None = None,
@@ -55,7 +60,18 @@ def standard_transform(
     deeper with convolutions") and resize-then-centre-crop at timm's crop_pct for eval.
     auto_augment is a timm RandAugment string such as ``"rand-m9-n2-mstd0.5"`` (Cubuk et al. 2020).
     random_erasing: the probability of timm's RandomErasing (mode pixel), last, on the model input.
+    augment ``"mae"`` (training): RandomResizedCrop(scale 0.2-1) to ``img_size`` + the flip of ``hflip``,
+    the fast path's op (bilinear, on float pixels) and nothing else; evaluation as for ``augment=True``.
     """
+    if train and augment == MAE_AUGMENT:
+        ops = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+               v2.RandomResizedCrop(list(img_size), scale=MAE_CROP_SCALE, antialias=False)]
+        if hflip:
+            ops.append(v2.RandomHorizontalFlip())
+        ops.append(v2.Normalize(list(mean), list(std)))
+        if in_chans != channels:
+            ops.append(v2.RGB())
+        return v2.Compose(ops)
     ops: list = []
     if native_size is None:
         if train and augment:
