@@ -17,6 +17,11 @@ validation split then comes from the rest of train/ (``val_split``). The held-ou
 trained or validated on, so ``test/*`` metrics are never the validation split's (which chose the best
 checkpoint) under another name. ``test_split`` 0 or null (the constructor's default, and what a run
 stored before this option holds) with no test/: no test split at all, so no ``test/*`` metrics.
+
+Unlabeled images (``labels="none"``, for MAE pre-training): every image file anywhere under root,
+flat or in nested folders of any meaning, one class (label 0, class name ``unlabeled``); the same
+file rule, link rules and decode check apply, and the test and validation splits are carved out of
+the whole set by ``test_split`` and ``val_split`` (folders named train/, val/ or test/ are just folders).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from vitpipe.data.splits import check_val_split, split_indices
 from vitpipe.errors import ConfigError
 
 ON_BAD_IMAGE = ("error", "skip")
+LABELS = ("folders", "none")
+UNLABELED = "unlabeled"  # the one class name of labels=none
 SPLITS = ("train", "val", "test")
 
 
@@ -50,6 +57,13 @@ def train_classes(root) -> tuple[str, list[str]]:
     if not classes:
         raise ConfigError(f"imagefolder: {train} holds no class folders; put one folder of images per class there")
     return train, classes
+
+
+def _check_labels(labels: str) -> str:
+    if labels not in LABELS:
+        raise ConfigError(f"data.labels={labels!r}; valid choices: folders (root/train/<class>/), "
+                          "none (every image under root, unlabeled)")
+    return labels
 
 
 def _holds(a: str, b: str) -> bool:
@@ -160,15 +174,19 @@ class ImageFolderDataModule(ClassificationDataModule):
     has_val_split = True  # root/val/, when present
 
     def __init__(self, *, num_classes: int | None = None, fast_path: bool = False, on_bad_image: str = "error",
-                 test_split: float | int | None = None, **kwargs):  # fmt: skip
+                 test_split: float | int | None = None, labels: str = "folders", **kwargs):  # fmt: skip
         info = DatasetInfo(
             name="imagefolder", num_classes=None, channels=3, native_size=None,
             mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
         )  # fmt: skip
         if kwargs.get("root") is None:
             raise ConfigError("data.root is required for imagefolder (a directory with train/<class>/ folders)")
+        self.labels = _check_labels(labels)
+        if labels == "none" and num_classes not in (None, 1):
+            raise ConfigError(f"data.num_classes={num_classes} but data.labels=none gives one class (label 0); "
+                              "leave data.num_classes out")
         if num_classes is None:
-            num_classes = len(train_classes(kwargs["root"])[1])
+            num_classes = self.num_classes_of(dict(kwargs, labels=labels))
         super().__init__(info=info, num_classes=num_classes, fast_path=fast_path, **kwargs)
         if on_bad_image not in ON_BAD_IMAGE:
             raise ConfigError(f"data.on_bad_image={on_bad_image!r}: expected one of {', '.join(ON_BAD_IMAGE)}")
@@ -178,10 +196,18 @@ class ImageFolderDataModule(ClassificationDataModule):
 
     @staticmethod
     def num_classes_of(data) -> int:
-        """The class count of a data config whose ``num_classes`` is null: its train/ class folders."""
-        return len(train_classes(data.root)[1])
+        """The class count of a data config whose ``num_classes`` is null: its train/ class folders
+        (1 with ``labels: none``)."""
+        if _check_labels(data.get("labels", "folders")) == "none":
+            return 1
+        return len(train_classes(data["root"])[1])
 
     def check(self) -> None:
+        if self.labels == "none":
+            if not os.path.isdir(self.root):
+                raise ConfigError(f"imagefolder: {self.root} does not exist; data.labels=none reads every image under it")
+            self.class_names = [UNLABELED]
+            return
         train, classes = train_classes(self.root)
         if len(classes) != self.num_classes:
             raise ConfigError(
@@ -210,6 +236,10 @@ class ImageFolderDataModule(ClassificationDataModule):
         for split in SPLITS:
             self._load(split)
 
+    def _has(self, split: str) -> bool:
+        """Whether ``root/<split>/`` is a split of its own (never with labels=none)."""
+        return self.labels != "none" and os.path.isdir(os.path.join(self.root, split))
+
     def test_dataloader(self):
         """No test split (no test/, ``test_split`` 0): no loader, so a test loop has nothing to report."""
         ds = self._require(self.data_test, "test")
@@ -223,7 +253,7 @@ class ImageFolderDataModule(ClassificationDataModule):
 
     def _load(self, split: str) -> FolderImages | None:
         """The split's images; without test/, train/ minus the held-out test split, and that split."""
-        if split not in ("train", "test") or os.path.isdir(os.path.join(self.root, "test")):
+        if split not in ("train", "test") or self._has("test"):
             return self._read(split)
         train = self._read("train")
         kept, held = self._held_out(len(train))
@@ -250,17 +280,25 @@ class ImageFolderDataModule(ClassificationDataModule):
         return kept, held
 
     def _read(self, split: str) -> FolderImages | None:
-        path = os.path.join(self.root, split)
-        if not os.path.isdir(path):
-            return None
+        if self.labels == "none":  # one set, all of root: "train" is it, the splits are carved from it
+            if split != "train":
+                return None
+            path, folders = self.root, [self.root]
+        else:
+            path = os.path.join(self.root, split)
+            if not os.path.isdir(path):
+                return None
+            if self.class_names is None:
+                self.check()
+            folders = [os.path.join(path, name) for name in self.class_names]
         if self.class_names is None:
             self.check()
         walk = _Walk(self.root)
         samples = []
-        for label, name in enumerate(self.class_names):
-            files = walk.files(os.path.join(path, name))
+        for label, folder in enumerate(folders):
+            files = walk.files(folder)
             if not files:
-                raise ConfigError(f"imagefolder: {os.path.join(path, name)} holds no image files "
+                raise ConfigError(f"imagefolder: {folder} holds no image files "
                                   f"({', '.join(IMAGE_EXTENSIONS)}); add images or remove the folder")  # fmt: skip
             samples += [(file, label) for file in files]
         if walk.others:
