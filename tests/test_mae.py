@@ -339,3 +339,19 @@ def test_official_sizes_come_from_the_shapes():
     with pytest.raises(ConfigError, match="holds 12 patch rows, not a square grid; pass img_size"):
         official_kwargs(shapes(256, 3, 8, 12))
     assert official_kwargs(shapes(256, 3, 8, 12), img_size=(24, 32))["img_size"] == (24, 32)
+
+
+def test_mean_pool_mae_loads_into_its_mean_pool_classifier(tmp_path, caplog):
+    """The MAE's token norm is dropped and fc_norm starts fresh (the paper's global-pool fine-tuning)."""
+    mae = tiny(class_token=False, pos_embed="rope2d")
+    torch.save(mae.state_dict(), tmp_path / "mae.pth")
+    vit = ViT(**mae.encoder_kwargs(), num_classes=3).eval()
+    assert mae.encoder_kwargs()["pool"] == "mean" and isinstance(vit.norm, nn.Identity)
+    with caplog.at_level(logging.INFO, logger="vitpipe.models.timm_compat"):
+        load_pretrained(vit, tmp_path / "mae.pth")
+    assert "new: fc_norm.weight, fc_norm.bias, head.weight, head.bias" in caplog.text
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        latent, _, ids_restore = mae.forward_encoder(x, 0.0)
+        torch.testing.assert_close(mae.norm(vit.forward_features(x)), unshuffle(latent, ids_restore, 0),
+                                   atol=1e-5, rtol=1e-5)

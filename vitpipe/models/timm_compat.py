@@ -255,6 +255,12 @@ def load_pretrained(model: ViT, source: str | Path, *, head: bool = True) -> ViT
             log.warning("pretrained: source has a learned position table; this model's pos_embed is %s, table dropped",
                         type(model.pos_embed).__name__)
             sd.pop("pos_embed.weight")
+    fresh = ("head.",)
+    if decoder and isinstance(model.norm, nn.Identity) and not any(k.startswith("fc_norm.") for k in sd):
+        # a mean-pool classifier from an MAE: the encoder's token norm goes, fc_norm (after pooling) starts
+        # fresh, as in the MAE paper's fine-tuning with global pooling (main_finetune.py, global_pool)
+        sd = {k: v for k, v in sd.items() if not k.startswith("norm.")}
+        fresh = ("head.", "fc_norm.")
     head_keys = {k for k in sd if k.startswith("head.")}
     own = model.state_dict()
     if not head or any(k in own and sd[k].shape != own[k].shape for k in head_keys) or not model.num_classes:
@@ -264,7 +270,7 @@ def load_pretrained(model: ViT, source: str | Path, *, head: bool = True) -> ViT
             sd.pop(k)
     bad = {k: (sd[k].shape, s.shape) for k, s in own.items() if k in sd and sd[k].shape != s.shape}  # model order
     missing, unexpected = model.load_state_dict({k: v for k, v in sd.items() if k not in bad}, strict=False)
-    missing = [k for k in missing if not k.startswith("head.") and k not in bad]
+    missing = [k for k in missing if not k.startswith(fresh) and k not in bad]
     name = Path(src).name if Path(src).is_file() else src  # the user named it: the name says which
     if bad or missing or unexpected:
         what = mismatch_summary(bad, missing, unexpected, "file", keys=0 if bad else 3)
