@@ -12,7 +12,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from vitpipe.config.build import (
     apply_lr_scaling,
@@ -53,10 +53,24 @@ def build(cfg: DictConfig, *, checkpoint: dict | None = None):
 
         dm.tokenizer = WordTokenizer.from_state_dict(checkpoint["tokenizer"])
     model_kwargs = dm.model_kwargs() if hasattr(dm, "model_kwargs") else {}
+    pretrained_run(cfg)
     net = instantiate_checked(cfg.model, "model", **model_kwargs)
     module_kwargs = dm.module_kwargs() if hasattr(dm, "module_kwargs") else {}
     module = instantiate_checked(cfg.module, "module", net=net, **module_kwargs)
     return dm, net, module
+
+
+def pretrained_run(cfg: DictConfig) -> None:
+    """``model.pretrained=<run directory>`` (an MAE pre-training run, a source classifier): that run's best
+    checkpoint, the weights its own test used (``resolve_ckpt_path``), written into the config so the
+    run's config.yaml and checkpoints name the file. Files, timm names and ``true`` pass unchanged."""
+    value = cfg.model.get("pretrained") if isinstance(cfg.get("model"), DictConfig) else None
+    if not isinstance(value, str) or not Path(value).expanduser().is_dir():
+        return
+    path = resolve_ckpt_path(value, which="best")
+    with open_dict(cfg):
+        cfg.model.pretrained = str(path)
+    _say(f"vitpipe: model.pretrained={value} is a run directory: loading its best checkpoint {path}")
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
