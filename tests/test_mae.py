@@ -12,7 +12,14 @@ from timm.models.vision_transformer import Block
 from torch import nn
 
 from vitpipe.errors import ConfigError
-from vitpipe.models import MAE_VARIANTS, VARIANTS, MaskedAutoencoderViT, ViT, create_mae, load_official
+from vitpipe.models import (
+    MAE_VARIANTS,
+    VARIANTS,
+    MaskedAutoencoderViT,
+    ViT,
+    create_mae,
+    load_official,
+)
 from vitpipe.models.registry import mae_kwargs, variant_value
 from vitpipe.models.timm_compat import load_pretrained
 from vitpipe.nn.pos_embed import POS_EMBED_KINDS
@@ -118,7 +125,7 @@ def test_patchify_order_and_roundtrip(img_size, patch_size):
     i, j = h - 1, 1  # patch (i, j) is row-major index i*w + j, its pixels (row, col, channel) flattened
     torch.testing.assert_close(patches[1, i * w + j], x[1, :, i * p:(i + 1) * p, j * q:(j + 1) * q].permute(1, 2, 0).flatten())
     assert torch.equal(m.unpatchify(patches), x)
-    loss, pred, mask = m(x)
+    _, pred, mask = m(x)
     assert pred.shape == patches.shape and mask.shape == (2, h * w)
 
 

@@ -152,7 +152,7 @@ class MaskedAutoencoderViT(nn.Module):
     def forward_encoder(self, imgs: Tensor, mask_ratio: float, noise: Tensor | None = None):
         """-> (latent (B, P + keep, D) after the norm, mask (B, L), ids_restore (B, L))."""
         x, grid = self.patch_embed(imgs)  # (B, L, D)
-        B, L, _ = x.shape
+        B = x.shape[0]
         P = self.num_prefix_tokens
         prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
         # positions go on before masking, so each kept token carries its own (prefix tokens their rows)
@@ -241,13 +241,15 @@ def load_official(path: str | Path, **overrides) -> MaskedAutoencoderViT:
     """A facebookresearch/mae checkpoint (``{"model": state_dict}``) as a ``MaskedAutoencoderViT``.
 
     ``mae_pretrain_vit_*.pth`` hold the encoder only (the decoder is built fresh, and logged);
-    the ``*_full`` files add the decoder. Sizes are read from the shapes (``official_kwargs``). The stored ``pos_embed`` (1, 1 + L, D) is the reference's
-    fixed sin-cos table: it is loaded as stored into a frozen ``pos_embed="learned"`` table
-    (``requires_grad=False``, as in the reference). ``overrides``: any constructor argument
-    (``norm_pix_loss``, heads, a fresh decoder's sizes, ...). Any key left missing or unexpected
-    raises one ConfigError line naming them.
+    the ``*_full`` files add the decoder. Sizes are read from the shapes (``official_kwargs``).
+    The stored ``pos_embed`` (1, 1 + L, D) is the reference's fixed sin-cos table (its own layout:
+    sin block then cos block, column half first): it is loaded as stored into a frozen
+    ``pos_embed="learned"`` table (``requires_grad=False``, as in the reference), so the classifier
+    it transfers to fine-tunes it, as MAE's fine-tuning does. ``overrides``: any constructor
+    argument (``norm_pix_loss``, heads, a fresh decoder's sizes, ...). Any key left missing or
+    unexpected, or of another shape, raises one ConfigError line naming them.
     """
-    from vitpipe.models.timm_compat import mismatch_summary, read_state_dict
+    from vitpipe.models.timm_compat import MAE_DECODER_PREFIXES, mismatch_summary, read_state_dict
 
     sd = read_state_dict(path)
     name = Path(path).name
@@ -259,10 +261,9 @@ def load_official(path: str | Path, **overrides) -> MaskedAutoencoderViT:
     model = MaskedAutoencoderViT(**kwargs)
     sd = {("pos_embed.weight" if k == "pos_embed" else k): v for k, v in sd.items()}
     own = model.state_dict()
-    decoder = [k for k in own if k.startswith(("decoder_", "mask_token"))]
-    encoder_only = not any(k in sd for k in decoder)
+    encoder_only = not any(k.startswith(MAE_DECODER_PREFIXES) for k in sd)
     wrong = {k: (sd[k].shape, v.shape) for k, v in own.items() if k in sd and sd[k].shape != v.shape}
-    missing = [k for k in own if k not in sd and not (encoder_only and k in decoder)]
+    missing = [k for k in own if k not in sd and not (encoder_only and k.startswith(MAE_DECODER_PREFIXES))]
     unexpected = [k for k in sd if k not in own]
     if wrong or missing or unexpected:
         raise ConfigError(f"official MAE weights {name!r} do not fit MaskedAutoencoderViT"
