@@ -61,9 +61,13 @@ class RolloutCallback(L.Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.images, self.labels = None, None
+        self.off = _vit(pl_module) is None  # e.g. MAE pre-training: its network is no ViT to explain
+        if self.off and trainer.is_global_zero:
+            print(f"vitpipe: note: callbacks.rollout: {type(pl_module.net).__name__} has no ViT encoder "
+                  "(forward_features) to explain; no rollout in this run", flush=True)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0):
-        if self.images is not None and len(self.images) >= self.num_images or dataloader_idx != 0:
+        if self.off or self.images is not None and len(self.images) >= self.num_images or dataloader_idx != 0:
             return
         x, y = (batch["images"], None) if isinstance(batch, dict) else (batch[0], batch[1])
         x = x.detach().float().cpu()
@@ -107,6 +111,8 @@ class RolloutCallback(L.Callback):
             titles = [f"image {i}" if y is None else f"true {y}" for i, y in enumerate(truth)]
         return maps, titles
 
+    off = False  # True for a run whose network has no ViT to explain (set at fit start)
+
     def _display(self, trainer: L.Trainer) -> Tensor:
         dm = trainer.datamodule
         mean = self.mean if self.mean is not None else getattr(dm, "mean", None)
@@ -119,9 +125,9 @@ class RolloutCallback(L.Callback):
 
 def _vit(pl_module: L.LightningModule):
     """The ViT to explain: the network validation runs (``eval_net``: the EMA copy when the
-    classifier keeps one), a captioner's encoder, else the network itself."""
+    classifier keeps one), a captioner's encoder; None for a network with neither (an MAE)."""
     net = getattr(pl_module, "eval_net", pl_module.net)
-    return net if hasattr(net, "forward_features") else net.encoder
+    return net if hasattr(net, "forward_features") else getattr(net, "encoder", None)
 
 
 def _figure_pixels(fig) -> np.ndarray:
