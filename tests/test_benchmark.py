@@ -81,6 +81,22 @@ def test_shards_comparison_reads_the_same_images_and_pairs_repeats():
     assert all(math.isfinite(v) and v > 0 for v in res["ratios"].values())
 
 
+def test_mae_comparison_times_the_same_math_as_the_reference_and_a_supervised_step():
+    result = run(BenchConfig(**{**TINY, "variant": "vit_nano"}), ("mae",))
+    res = result["results"]["mae"]
+    assert set(res["contenders"]) == {"vitpipe", "reference", "supervised"}
+    for name, phases in res["contenders"].items():
+        assert phases["train"]["timed_steps"] == 2 and phases["train"]["img_s"] > 0, name
+    assert res["max_abs_loss_diff"] < 1e-5  # the reference way, same weights and noise: the same loss
+    assert all(math.isfinite(v) and v > 0 for v in res["ratios"].values())
+    assert "mae_step vitpipe/reference" in format_table(result)
+
+
+def test_mae_comparison_refuses_a_variant_without_an_mae():
+    with pytest.raises(ConfigError, match="no MAE variant mae_vit_micro"):
+        run(BenchConfig(**TINY), ("mae",))
+
+
 def test_cli_writes_json_and_rejects_bad_names(tmp_path, capsys):
     main = BENCH["main"]
     out = tmp_path / "r.json"

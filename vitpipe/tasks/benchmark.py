@@ -67,7 +67,7 @@ from vitpipe.tasks.train import build
 CONF = Path(__file__).resolve().parents[2] / "conf"  # the checkout's conf/ (vitpipe/tasks/ -> root)
 SCHEMA = "vitpipe.bench/1"
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")  # Lightning's names; the plain loops autocast the same way
-COMPARISONS = ("vit", "lightning", "data", "shards", "switches")
+COMPARISONS = ("vit", "lightning", "data", "shards", "switches", "mae")
 DEFAULT_ONLY = ("vit", "lightning", "data")
 # name -> what differs from the eager baseline (torch's default AdamW: per-tensor loop on CPU, foreach on CUDA)
 SWITCHES = {
@@ -404,8 +404,120 @@ def _with_backend(step, backend) -> None:
         step()
 
 
+class ReferenceMAE(torch.nn.Module):
+    """A plain-PyTorch MAE written the way facebookresearch/mae's models_mae.py is (timm's Block, a
+    position table added before masking, gather of the kept tokens, mask tokens unshuffled before the
+    decoder, MSE over the masked patches): the baseline of ``compare_mae``, loaded with vitpipe's weights."""
+
+    def __init__(self, mae) -> None:
+        from timm.layers import PatchEmbed
+        from timm.models.vision_transformer import Block
+
+        super().__init__()
+        (h, w), (p, q) = mae.patch_embed.grid_size, mae.patch_embed.patch_size
+        dim, dec = mae.cls_token.shape[-1], mae.decoder_embed.out_features
+        norm = functools.partial(torch.nn.LayerNorm, eps=1e-6)
+        self.p, self.grid, self.norm_pix_loss = p, (h, w), mae.norm_pix_loss
+        self.patch_embed = PatchEmbed((h * p, w * q), (p, q), mae.patch_embed.proj.in_channels, dim)
+        self.cls_token = torch.nn.Parameter(torch.zeros(1, 1, dim))
+        with torch.no_grad():  # vitpipe's fixed table as the reference stores it: (1, 1 + L, dim), frozen
+            table = mae.pos_embed(torch.zeros(1, 1 + h * w, dim), (h, w))
+        self.pos_embed = torch.nn.Parameter(table, requires_grad=False)
+        heads = mae.blocks[0].attn.num_heads
+        self.blocks = torch.nn.ModuleList(Block(dim, heads, 4.0, qkv_bias=True, norm_layer=norm) for _ in mae.blocks)
+        self.norm = norm(dim)
+        self.decoder_embed = torch.nn.Linear(dim, dec)
+        self.mask_token = torch.nn.Parameter(torch.zeros(1, 1, dec))
+        self.decoder_pos_embed = torch.nn.Parameter(mae.decoder_pos_embed.clone(), requires_grad=False)
+        dheads = mae.decoder_blocks[0].attn.num_heads
+        self.decoder_blocks = torch.nn.ModuleList(Block(dec, dheads, 4.0, qkv_bias=True, norm_layer=norm)
+                                                  for _ in mae.decoder_blocks)
+        self.decoder_norm = norm(dec)
+        self.decoder_pred = torch.nn.Linear(dec, mae.decoder_pred.out_features)
+        missing, unexpected = self.load_state_dict(mae.state_dict(), strict=False)
+        assert set(missing) <= {"pos_embed"} and not unexpected, (missing, unexpected)
+
+    def forward(self, imgs, mask_ratio: float, noise):
+        x = self.patch_embed(imgs) + self.pos_embed[:, 1:]
+        n, length, dim = x.shape
+        keep = int(length * (1 - mask_ratio))
+        ids_shuffle = noise.argsort(dim=1)
+        ids_restore = ids_shuffle.argsort(dim=1)
+        x = x.gather(1, ids_shuffle[:, :keep, None].expand(-1, -1, dim))
+        mask = torch.ones(n, length, device=x.device)
+        mask[:, :keep] = 0
+        mask = mask.gather(1, ids_restore)
+        x = torch.cat([(self.cls_token + self.pos_embed[:, :1]).expand(n, -1, -1), x], dim=1)
+        for blk in self.blocks:
+            x = blk(x)
+        y = self.decoder_embed(self.norm(x))
+        tokens = torch.cat([y[:, 1:], self.mask_token.expand(n, length - keep, -1)], dim=1)
+        tokens = tokens.gather(1, ids_restore[..., None].expand(-1, -1, y.shape[-1]))
+        y = torch.cat([y[:, :1], tokens], dim=1) + self.decoder_pos_embed
+        for blk in self.decoder_blocks:
+            y = blk(y)
+        pred = self.decoder_pred(self.decoder_norm(y))[:, 1:]
+        (h, w), p, c = self.grid, self.p, imgs.shape[1]
+        target = torch.einsum("nchpwq->nhwpqc", imgs.reshape(n, c, h, p, w, p)).reshape(n, h * w, p * p * c)
+        if self.norm_pix_loss:
+            target = (target - target.mean(-1, keepdim=True)) / (target.var(-1, keepdim=True) + 1e-6) ** 0.5
+        return ((pred - target) ** 2).mean(-1).mul(mask).sum() / mask.sum(), pred, mask
+
+
+def compare_mae(cfg: BenchConfig, *, mask_ratio: float = 0.75) -> dict:
+    """MAE pre-training steps: vitpipe's ``MaskedAutoencoderViT`` (``mae_<variant>``) against the same
+    model written the reference's way (same weights, same noise, so the same loss), and against a
+    supervised step of the same encoder on the whole image (how much masking saves)."""
+    from vitpipe.models.registry import MAE_VARIANTS, create_mae, create_model
+
+    name = f"mae_{cfg.variant}"
+    if name not in MAE_VARIANTS:
+        raise ConfigError(f"--only mae: no MAE variant {name}; MAE variants: {', '.join(MAE_VARIANTS)}")
+    torch.manual_seed(cfg.seed)
+    mae = create_mae(name, img_size=cfg.size, in_chans=3).to(cfg.device)
+    kind = mae.encoder_kwargs().get("pos_embed")
+    if kind not in ("sincos2d", "sincos1d", "learned", "none") or mae.num_prefix_tokens != 1:
+        raise ConfigError(f"--only mae: the reference MAE adds one position table with one class token; "
+                          f"{name} has pos_embed={kind!r} and {mae.num_prefix_tokens} prefix tokens")
+    ref = ReferenceMAE(mae).to(cfg.device)
+    sup = create_model(cfg.variant, img_size=cfg.size, num_classes=cfg.num_classes,
+                       **{k: v for k, v in mae.encoder_kwargs().items() if k in ("pos_embed", "class_token", "pool")})
+    sup = sup.to(cfg.device)
+    x, y = random_batch(cfg)
+    h, w = mae.patch_embed.grid_size
+    noise = torch.rand(x.shape[0], h * w, generator=torch.Generator().manual_seed(2)).to(cfg.device)
+    with torch.no_grad():
+        loss_diff = abs(mae(x, mask_ratio, noise)[0].item() - ref(x, mask_ratio, noise)[0].item())
+    opts = {k: torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.95))
+            for k, m in (("vitpipe", mae), ("reference", ref), ("supervised", sup))}
+
+    def mae_step(model, opt):
+        def step() -> None:
+            with cfg.autocast():
+                loss = model(x, mask_ratio, noise)[0]
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    steps = {"vitpipe": mae_step(mae.train(), opts["vitpipe"]), "reference": mae_step(ref.train(), opts["reference"]),
+             "supervised": train_step(sup.train(), opts["supervised"], x, y, cfg)}
+    times = interleave_steps(steps, steps=cfg.steps, warmup=cfg.warmup, repeats=cfg.repeats, device=cfg.device)
+    contenders = {}
+    for key, step in steps.items():
+        with StepMemory(cfg.device) as mem:
+            step()
+        contenders[key] = {"train": {**summarize(times[key], cfg.batch_size), "memory": mem.as_dict()}}
+    s = {k: contenders[k]["train"]["step_s"] for k in contenders}
+    ratios = {"mae_step vitpipe/reference": s["vitpipe"] / s["reference"],
+              "mae_step vitpipe/reference (paired)": paired_ratio(times["vitpipe"], times["reference"]),
+              f"mae_step (mask {mask_ratio}) / supervised step": s["vitpipe"] / s["supervised"],
+              "mae_step / supervised step (paired)": paired_ratio(times["vitpipe"], times["supervised"])}
+    return {"contenders": contenders, "ratios": ratios, "max_abs_loss_diff": loss_diff, "mask_ratio": mask_ratio}
+
+
 RUNNERS = {"vit": compare_vit, "lightning": compare_lightning, "data": compare_data, "shards": compare_shards,
-           "switches": compare_switches}
+           "switches": compare_switches, "mae": compare_mae}
 
 
 # --------------------------------------------------------------------------- run and report
@@ -461,6 +573,8 @@ def format_table(result: dict) -> str:
         lines += [f"  {comp:<10} {key:<45} {value:.3f}" for key, value in res["ratios"].items()]
         if "max_abs_logit_diff" in res:
             lines.append(f"  {comp:<10} {'max |logit diff| vitpipe vs timm':<45} {res['max_abs_logit_diff']:.2e}")
+        if "max_abs_loss_diff" in res:
+            lines.append(f"  {comp:<10} {'|loss diff| vitpipe vs reference MAE':<45} {res['max_abs_loss_diff']:.2e}")
         lines += [f"  {comp:<10} {name} unavailable: {why}" for name, why in res.get("unavailable", {}).items()]
     lines.append(f"memory: {result['memory_method']}")
     return "\n".join(lines)
