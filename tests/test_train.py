@@ -175,7 +175,8 @@ def _cli(*args, timeout=300):
 def test_cli_config_mistakes_print_one_line_without_traceback(tmp_path):
     r = _cli("model=vit_x99", f"paths.log_dir={tmp_path}")
     assert r.returncode == 2 and r.stderr.strip().startswith("vitpipe: error: model=vit_x99 is not an option of "
-                                                            "model (valid: captioner, timm, vit, vit_b16, ")  # vit: the base (with model.name=)
+                                                            "model (valid: captioner, mae, mae_vit_b16, ")
+    assert "timm, vit and " in r.stderr  # vit: the base (with model.name=)
     r = _cli("model.num_classes=3", f"paths.log_dir={tmp_path}")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "model.num_classes=3 does not match data.num_classes=10" in r.stderr
