@@ -27,8 +27,8 @@ from vitpipe.tasks.train import build, train
 
 ROOT = Path(__file__).resolve().parents[1]
 MAE = ["model=mae_vit_nano", "module=mae"]
-# debug=fast shrinks a ViT through model.dim, a key MaskedAutoencoderViT names embed_dim: dropped here
-TINY = [*MAE, "debug=fast", "~model.dim", "logger=none", "callbacks.progress_bar.refresh_rate=1000"]
+# debug=fast shrinks the encoder through model.dim (create_mae takes it as the embed_dim)
+TINY = [*MAE, "debug=fast", "logger=none", "callbacks.progress_bar.refresh_rate=1000"]
 
 
 def _fixed_batch(dm) -> torch.Tensor:
@@ -250,9 +250,14 @@ def test_the_mae_command_composes_and_its_debug_run_trains(tmp_path):
     for line in ("_target_: vitpipe.lit.mae.MAEModule", "_target_: vitpipe.models.registry.create_mae",
                  "mask_ratio: 0.75", "monitor: val/loss", "augment: mae", "rule: linear"):
         assert line in shown.stdout, line
-    run = _cli(*MAE, "debug=fast", "~model.dim", f"hydra.run.dir={tmp_path / 'run'}", f"paths.log_dir={tmp_path}")
+    run = _cli(*MAE, "debug=fast", f"hydra.run.dir={tmp_path / 'run'}", f"paths.log_dir={tmp_path}")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "test/loss" in run.stdout and (tmp_path / "run" / "metrics.json").is_file()
+    # what people look at: the reconstruction figure (the first epoch and the end) and the loss curves
+    report = tmp_path / "run" / "report"
+    assert {p.name for p in report.iterdir()} >= {"reconstruction.png", "curves.png", "reconstruction"}
+    stored = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert stored["state_dict"]["net.cls_token"].shape[-1] == 32  # debug=fast's width reached the MAE encoder
 
 
 def test_an_mae_run_fine_tunes_into_a_vit_classifier_with_its_encoder(cfg_factory, tmp_path):

@@ -68,8 +68,14 @@ def mae_kwargs(name: str) -> dict:
                 num_heads=enc["num_heads"], **row)
 
 
-def create_mae(name: str, **overrides) -> MaskedAutoencoderViT:
-    """Build MAE variant ``name`` with keyword overrides (any ``MaskedAutoencoderViT`` argument)."""
+def create_mae(name: str, *, dim: int | None = None, **overrides) -> MaskedAutoencoderViT:
+    """Build MAE variant ``name`` with keyword overrides (any ``MaskedAutoencoderViT`` argument).
+
+    ``dim`` is the ViT configs' name for the encoder width: when given it is the ``embed_dim``, so a
+    config that shrinks every ViT (``debug=fast`` sets ``model.dim``) shrinks an MAE's encoder too.
+    """
+    if dim is not None:
+        overrides["embed_dim"] = dim
     return MaskedAutoencoderViT(**{**mae_kwargs(name), **overrides})
 
 

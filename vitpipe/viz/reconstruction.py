@@ -7,7 +7,8 @@ statistics (as the MAE paper's visualisation does), so what is shown is in pixel
 
 ``ReconstructionCallback`` draws it every ``every_n_epochs`` validation epochs and at the end of
 fitting: ``<run>/report/reconstruction.png`` (the newest) and ``<run>/report/reconstruction/epoch_XXX.png``,
-and as a wandb / TensorBoard image when those loggers are on; rank 0 only.
+and as a wandb / TensorBoard image when those loggers are on; at the end also ``<run>/report/curves.png``
+(the reconstruction loss per epoch, from history.csv's rows); rank 0 only.
 """
 
 from __future__ import annotations
@@ -111,12 +112,27 @@ class ReconstructionCallback(L.Callback):
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and trainer.current_epoch % self.every_n_epochs == 0:
-            self.draw(trainer, pl_module)
+            self.draw(trainer, pl_module, trainer.current_epoch)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.draw(trainer, pl_module)
+        self.draw(trainer, pl_module, max(trainer.current_epoch - 1, 0))  # the last epoch trained
+        self.draw_curves(trainer)
 
-    def draw(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Path | None:
+    def draw_curves(self, trainer: L.Trainer) -> Path | None:
+        """``<report>/curves.png``: train and val reconstruction loss per epoch, from the run's history
+        (the ``HistoryCallback`` rows that history.csv holds)."""
+        from vitpipe.report.figures import curves_figure
+        from vitpipe.report.history import HistoryCallback
+
+        history = next((c for c in trainer.callbacks if isinstance(c, HistoryCallback)), None)
+        if history is None or not history.rows or not trainer.is_global_zero:
+            return None
+        return save_figure(curves_figure(history.rows), self._root(trainer) / "curves.png")
+
+    def _root(self, trainer: L.Trainer) -> Path:
+        return Path(self.dirpath) if self.dirpath else Path(trainer.default_root_dir) / "report"
+
+    def draw(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int) -> Path | None:
         if self.images is None or not trainer.is_global_zero:
             return None
         net = pl_module.net
@@ -129,7 +145,7 @@ class ReconstructionCallback(L.Callback):
         mean, std = getattr(dm, "mean", None), getattr(dm, "std", None)
         if mean is None or std is None:
             mean, std = (0.0,) * x.shape[1], (1.0,) * x.shape[1]
-        epoch, step = trainer.current_epoch, trainer.global_step
+        step = trainer.global_step
         fig = reconstruction_figure(panels, mean, std, title=f"epoch {epoch}, step {step}, mask ratio {ratio}")
         for logger in trainer.loggers:
             if isinstance(logger, (WandbLogger, TensorBoardLogger)):
@@ -140,7 +156,7 @@ class ReconstructionCallback(L.Callback):
                     logger.log_image(key="val/reconstruction", images=[pixels], step=step, caption=[f"epoch {epoch}"])
                 else:
                     logger.experiment.add_image("val/reconstruction", pixels, global_step=step, dataformats="HWC")
-        root = Path(self.dirpath) if self.dirpath else Path(trainer.default_root_dir) / "report"
+        root = self._root(trainer)
         drawn = save_figure(fig, root / "reconstruction" / f"epoch_{epoch:03d}.png")
         png = drawn.read_bytes()
         atomic_write(root / "reconstruction.png", lambda f: f.write(png))  # the newest, beside the report
