@@ -19,7 +19,7 @@ from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from vitpipe.lit.distill import check_distill, combine, load_teacher, teacher_input
-from vitpipe.lit.finetune import FineTuning, check_finetune
+from vitpipe.lit.finetune import FineTuning, add_probe_bn, check_finetune
 from vitpipe.lit.nonfinite import NonFiniteGuard, NonFiniteLossError, check_policy
 from vitpipe.lit.optim import ConfiguredOptimizers, check_layer_decay
 
@@ -63,7 +63,8 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
                  label_smoothing: float = 0.0, mixup: dict | None = None, ema_decay: float | None = None,
                  compile: bool = False, nonfinite: str = "error",
                  class_weights: str | list[float] | None = None, layer_decay: float | None = None,
-                 finetune: str = "full", finetune_warmup_epochs: int = 0, distill: dict | None = None) -> None:
+                 finetune: str = "full", finetune_warmup_epochs: int = 0, distill: dict | None = None,
+                 probe_bn: bool = False) -> None:
         super().__init__()
         check_policy(nonfinite)
         self.distill = check_distill(distill)
@@ -74,6 +75,10 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         check_layer_decay(layer_decay, net)
         # (C,) or None; "balanced" is filled in setup("fit"), once the training labels are known
         self.register_buffer("class_weight", _class_weight(class_weights, net.num_classes), persistent=False)
+        if not isinstance(probe_bn, bool):
+            raise ValueError(f"module.probe_bn={probe_bn!r}: expected true or false")
+        if probe_bn:
+            add_probe_bn(net)  # before the EMA copy below; a checkpoint's rebuild comes through here too
         self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"], logger=False)
         self.net = net
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler

@@ -10,6 +10,14 @@
 - ``head_then_full``: the head alone for ``module.finetune_warmup_epochs`` epochs, then everything
   (Kumar et al. 2022, "Fine-Tuning can Distort Pretrained Features": LP-FT).
 
+``module.probe_bn=true`` puts MAE's linear-probe BatchNorm (He et al. 2022, Appendix A.2: BatchNorm1d
+without affine, eps 1e-6, on the pooled features) in front of the head: ``ProbeHead``, an ``nn.Linear``
+that owns the BN, replaces ``net.head``. The head's keys stay ``head.weight``/``head.bias`` (plus
+``head.bn.running_mean``/``running_var``/``num_batches_tracked``), the BN trains with the head (it is
+part of ``get_classifier()``), and a checkpoint rebuilds it from its stored module config. In eval
+mode the BN is an affine map, so ``ProbeHead.folded()`` absorbs it into a plain ``nn.Linear`` (the
+paper: "can be absorbed into the linear classifier after training"): the timm export writes that one.
+
 Every parameter group is built at the start, encoder included, so the schedule, its warm-up and the
 layer decay cover the encoder from step 0. During the head-only epochs the encoder keeps
 ``requires_grad=True`` (DDP registers its gradient all-reduce for exactly the parameters that
@@ -23,6 +31,7 @@ group to the optimizer when it unfreezes, and timm's schedulers never schedule a
 from __future__ import annotations
 
 import lightning as L
+import torch
 from torch import nn
 
 FINETUNE_MODES = ("full", "linear_probe", "head_then_full")
@@ -36,6 +45,53 @@ def check_finetune(mode: str, warmup_epochs: int) -> None:
     if mode == "head_then_full" and warmup_epochs == 0:
         raise ValueError("module.finetune=head_then_full needs module.finetune_warmup_epochs >= 1 "
                          "(the head-only epochs); with 0 use module.finetune=full")
+
+
+class ProbeHead(nn.Linear):
+    """``linear(bn(x))``: MAE's linear-probe head, BatchNorm1d(affine=False, eps=1e-6) then ``linear``'s weights."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        w = linear.weight
+        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                         device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            self.weight.copy_(w)
+            if linear.bias is not None:
+                self.bias.copy_(linear.bias)
+        self.bn = nn.BatchNorm1d(linear.in_features, affine=False, eps=1e-6, device=w.device, dtype=w.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.bn(x))
+
+    @torch.no_grad()
+    def folded(self) -> nn.Linear:
+        """The eval-mode head as one ``nn.Linear``: W / sqrt(var + eps), b - (W / sqrt(var + eps)) @ mean."""
+        scale = (self.bn.running_var + self.bn.eps).rsqrt()
+        out = nn.Linear(self.in_features, self.out_features, device=self.weight.device, dtype=self.weight.dtype)
+        out.weight.copy_(self.weight * scale)
+        out.bias.copy_((self.bias if self.bias is not None else 0) - out.weight @ self.bn.running_mean)
+        return out
+
+
+def add_probe_bn(net: nn.Module) -> None:
+    """Replace ``net.head`` (an ``nn.Linear``) by a ``ProbeHead`` with its weights; ValueError otherwise."""
+    head = getattr(net, "head", None)
+    if type(head) is not nn.Linear or getattr(net, "head_dist", None) is not None:
+        raise ValueError(f"module.probe_bn=true needs a network whose head is one nn.Linear (net.head); "
+                         f"{type(net).__name__} has {type(head).__name__}"
+                         + (" and a distillation head" if getattr(net, "head_dist", None) is not None else ""))
+    net.head = ProbeHead(head)
+
+
+def fold_probe_bn(net: nn.Module) -> nn.Module:
+    """``net`` itself when its head is no ``ProbeHead``, else a copy whose head is ``ProbeHead.folded()``."""
+    if not isinstance(getattr(net, "head", None), ProbeHead):
+        return net
+    import copy
+
+    out = copy.deepcopy(net)
+    out.head = net.head.folded()
+    return out.train(net.training)
 
 
 def head_and_encoder(net: nn.Module) -> tuple[nn.Module, list[nn.Parameter]]:

@@ -233,8 +233,8 @@ def rebuild(checkpoint: dict, path, *, data: DictConfig | None = None, paths: Di
 
     state = checkpoint["state_dict"]
     net = instantiate_checked(cfg.model, "model", **model_kwargs)
-    check_fits(state, net, path)
     module = instantiate_checked(cfg.module, "module", net=net, **module_kwargs)
+    check_fits(state, module.net, path)  # after the module: it may add to net (module.probe_bn: net.head.bn)
     module.on_load_checkpoint(checkpoint)  # as Lightning's restore does (captioners: the saved tokenizer)
     result = module.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:

@@ -77,6 +77,9 @@ def export(cfg: DictConfig) -> Path:
               "of PyTorch's)")
         return out
 
+    from vitpipe.lit.finetune import fold_probe_bn
+
+    net = fold_probe_bn(net)  # module.probe_bn: its eval-mode BN absorbed into the head (timm has no place for it)
     timm_kwargs(net)  # a part timm cannot express: one line, before anything is written
     class_names = built.class_names if built.class_names and len(built.class_names) == net.num_classes else None
     card = model_card(name=out.name, net=net, arch=timm_arch(net), spec=spec, train_config=checkpoint["vitpipe_config"],
