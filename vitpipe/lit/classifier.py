@@ -75,7 +75,7 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         check_layer_decay(layer_decay, net)
         # (C,) or None; "balanced" is filled in setup("fit"), once the training labels are known
         self.register_buffer("class_weight", _class_weight(class_weights, net.num_classes), persistent=False)
-        if not isinstance(probe_bn, bool):
+        if type(probe_bn) is not bool:  # 1 or "true" from a hand-written config: say so
             raise ValueError(f"module.probe_bn={probe_bn!r}: expected true or false")
         if probe_bn:
             add_probe_bn(net)  # before the EMA copy below; a checkpoint's rebuild comes through here too
