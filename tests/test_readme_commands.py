@@ -60,11 +60,26 @@ FMNIST_REG4 = f"{TRAIN} experiment=fmnist_vit model.reg_tokens=4"
 TEACHER = f"{TRAIN} experiment=fmnist_teacher"
 SWEEP = f"{TRAIN} -m model.pos_embed=learned,sincos2d,learned2d"
 SOURCE = f"{TRAIN} experiment=transfer_source"
+MAE_FMNIST = f"{TRAIN} experiment=mae_fmnist"
 S = tuple(SHORT_TRAIN)
 SB = (*S, "data.batch_size=8", "data.eval_batch_size=8")   # 2 batches of a big model: small ones
 HEADLINE_FAILS = (r"model: could not fetch timm weights 'vit_base_patch16_224\.augreg_in21k'")
 
 SPECS: dict[str, Spec] = {
+    # docs/mae.md
+    f"{TRAIN} model=mae_vit_nano module=mae": Spec(append=S, expect=("mae_vit_nano on DigitsDataModule", "test/loss")),
+    MAE_FMNIST: Spec(append=SB, needs_fmnist=True, expect=("test/loss",)),
+    f"{TRAIN} model=mae_vit_s4 module=mae data=imagefolder data.root=/data/imagenet data.labels=none": Spec(
+        append=SB, expect=("test/loss",)),
+    f"{TRAIN} experiment=mae_fmnist_finetune model.pretrained=logs/mae_fmnist/runs/<time>": Spec(
+        append=SB, needs=(MAE_FMNIST,), time_of=MAE_FMNIST, needs_fmnist=True, expect=("test/acc",)),
+    f"{TRAIN} experiment=mae_fmnist_finetune model.pretrained=logs/mae_fmnist/runs/<time> data.train_per_class=60": Spec(
+        append=SB, needs=(MAE_FMNIST,), time_of=MAE_FMNIST, needs_fmnist=True, expect=("test/acc",)),
+    f"{TRAIN} experiment=mae_fmnist_probe model.pretrained=logs/mae_fmnist/runs/<time>": Spec(
+        append=SB, needs=(MAE_FMNIST,), time_of=MAE_FMNIST, needs_fmnist=True, expect=("test/acc",)),
+    "python scripts/benchmark.py --variant vit_ti4 --only mae --batch-size 64 --steps 10 --warmup 3 --repeats 5": Spec(
+        append=("--batch-size", "4", "--steps", "1", "--warmup", "1", "--repeats", "1"),
+        expect=("mae_step vitpipe/reference",)),
     'pip install -e ".[dev]"': Spec(skip="the install step: .ci/run runs it in a fresh venv"),
     "python -m pytest -q": Spec(skip="the test command itself: .ci/run runs it"),
     "python -m pytest -q -m slow": Spec(skip="a test command: .ci/run runs the slow README commands"),
