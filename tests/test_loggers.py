@@ -53,6 +53,7 @@ CHECK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # 7 subprocesses of ~9 s (wandb.init itself): .ci/run runs it after the default suite
 @pytest.mark.parametrize("overrides, env, passes", [
     (["logger=wandb"], {}, False),
     (["logger=[csv,wandb]"], {}, False),

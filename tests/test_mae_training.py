@@ -244,6 +244,7 @@ def _cli(*args, timeout=120):
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
+@pytest.mark.slow  # 17-25 s of subprocesses: .ci/run runs it after the default suite
 def test_the_mae_command_composes_and_its_debug_run_trains(tmp_path):
     shown = _cli(*MAE, "--cfg", "job", "--resolve")
     assert shown.returncode == 0, shown.stderr[-2000:]

@@ -279,6 +279,7 @@ def test_early_stopping_option_stops_when_the_monitored_metric_stalls(tmp_path):
     assert [r["epoch"] for r in read_history(Path(cfg.paths.output_dir) / "history.csv")] == [0, 1]
 
 
+@pytest.mark.slow  # 17-25 s of subprocesses: .ci/run runs it after the default suite
 def test_ddp_two_processes_write_each_test_image_once(tmp_path):
     import os
     import subprocess

@@ -277,6 +277,7 @@ def _run(shards: Path, out: Path, *args, record: Path, kill_at: int = 0):
                       env={"PYTHONPATH": str(TESTS), "XDG_CACHE_HOME": str(out / "cache")}, timeout=300)
 
 
+@pytest.mark.slow  # 17-25 s of subprocesses: .ci/run runs it after the default suite
 def test_ddp_two_ranks_two_workers_each_train_every_image_once_and_score_val_test_once(id_shards, tmp_path):
     _, shards = id_shards
     r = _run(shards, tmp_path, "trainer=ddp_cpu", "trainer.devices=2", "trainer.max_epochs=2", "test=true",
@@ -299,6 +300,7 @@ def test_ddp_two_ranks_two_workers_each_train_every_image_once_and_score_val_tes
     assert epochs[0] != epochs[1]  # reshuffled per epoch
 
 
+@pytest.mark.slow  # 17-25 s of subprocesses: .ci/run runs it after the default suite
 def test_kill_9_mid_epoch_then_ckpt_path_last_trains_exactly_the_rest_of_the_epoch(id_shards, tmp_path):
     _, shards = id_shards
     logs = tmp_path / "logs"

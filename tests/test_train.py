@@ -172,6 +172,7 @@ def _cli(*args, timeout=300):
                           text=True, timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.slow  # 17-25 s of subprocesses: .ci/run runs it after the default suite
 def test_cli_config_mistakes_print_one_line_without_traceback(tmp_path):
     r = _cli("model=vit_x99", f"paths.log_dir={tmp_path}")
     assert r.returncode == 2 and r.stderr.strip().startswith("vitpipe: error: model=vit_x99 is not an option of "
