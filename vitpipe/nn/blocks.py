@@ -32,8 +32,10 @@ class EncoderBlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
         self.ls2, self.drop_path2 = _scale(dim, init_values), DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: Tensor, *, rope=None, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        y = self.attn(self.norm1(x), rope=rope, need_weights=need_weights)
+    def forward(self, x: Tensor, *, rope=None, key_padding_mask: Tensor | None = None,
+                need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """x (B, N, dim); key_padding_mask (B, N) bool, True = padding no token attends to."""
+        y = self.attn(self.norm1(x), rope=rope, key_padding_mask=key_padding_mask, need_weights=need_weights)
         y, weights = y if need_weights else (y, None)
         x = x + self.drop_path1(self.ls1(y))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))

@@ -1,7 +1,9 @@
-"""Conv patch stem: image (B, C, H, W) -> tokens (B, h*w, dim), any H x W divisible by the patch."""
+"""Conv patch stem: image (B, C, H, W) -> tokens (B, h*w, dim), any H x W divisible by the patch;
+or flattened patches (B, N, p*q*C) -> tokens (B, N, dim) with the same weights (``embed_patches``)."""
 
 from __future__ import annotations
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -50,6 +52,18 @@ class PatchEmbed(nn.Module):
         x = self.proj(x)  # (B, dim, h, w)
         return x.flatten(2).transpose(1, 2), grid  # (B, h*w, dim)
 
+    @property
+    def patch_dim(self) -> int:
+        """Length of one flattened patch: p * q * in_chans."""
+        return self.patch_size[0] * self.patch_size[1] * self.in_chans
+
+    def embed_patches(self, patches: Tensor) -> Tensor:
+        """Flattened patches (B, N, p*q*C) in timm NaFlex's order (row, column, channel; channel
+        fastest) -> tokens (B, N, dim). A patchify conv is a linear map of each patch: its weight
+        (dim, C, p, q) read in that order is the linear weight (dim, p*q*C)."""
+        weight = self.proj.weight.permute(0, 2, 3, 1).flatten(1)  # (dim, p*q*C)
+        return F.linear(patches.to(weight.dtype), weight, self.proj.bias)
+
 
 class ConvStem(PatchEmbed):
     """Overlapping conv stem in place of the patchify conv (Xiao et al. 2021, "Early Convolutions
@@ -72,6 +86,10 @@ class ConvStem(PatchEmbed):
             layers += [nn.Conv2d(c, w, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU(inplace=True)]
             c = w
         return nn.Sequential(*layers, nn.Conv2d(c, dim, kernel_size=1))
+
+    def embed_patches(self, patches: Tensor) -> Tensor:
+        raise ValueError("stem='conv' sees across patch borders, so it cannot embed a patch dict's separate "
+                         "patches; use stem='patch' for patch-dict (NaFlex) input")
 
 
 STEMS = {"patch": PatchEmbed, "conv": ConvStem}

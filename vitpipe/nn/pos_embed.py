@@ -4,6 +4,13 @@ Every module maps tokens (B, P + h*w, dim) -> same shape, where the first P are 
 (class token, registers) and the rest are patches in row-major order, for *any* grid (h, w):
 learned tables are resampled bicubically, fixed ones recomputed. So a checkpoint trained at
 224 px evaluates at 384 px. Fixed tables are non-persistent buffers; learned ones parameters.
+
+``forward_naflex(x, coord, sizes)`` is the same encoding for a patch-dict batch (``vitpipe.nn.naflex``):
+each token's position is its (row, col) on its own image's grid ``sizes[b]``. Learned tables are
+resampled aspect-preserving, as timm's ``NaFlexVit`` with ``pos_embed_ar_preserving=True`` (its
+``par`` models): both axes by one scale, just enough to cover (h, w), then cropped to (h, w), so rows
+and columns keep one spacing whatever the image's aspect (``par_size``). At the built grid this is
+the table itself, as in the tensor path.
 """
 
 from __future__ import annotations
@@ -54,10 +61,41 @@ def resample_grid(table: Tensor, old: tuple[int, int], new: tuple[int, int]) -> 
     return grid.permute(0, 2, 3, 1).reshape(*lead, new[0] * new[1], D).to(table.dtype)
 
 
+def par_size(built: tuple[int, int], grid: tuple[int, int]) -> tuple[int, int]:
+    """Size to resample a table built for ``built`` to before cropping it to ``grid``: one scale for
+    both axes, the smallest covering ``grid``. For timm's square tables (G, G) this is its
+    (max(h, w), max(h, w)); the built grid itself maps to itself."""
+    scale = max(grid[0] / built[0], grid[1] / built[1])
+    return max(grid[0], round(built[0] * scale)), max(grid[1], round(built[1] * scale))
+
+
+def per_grid(coord: Tensor, sizes: Tensor, table_fn) -> Tensor:
+    """Per-token rows (B, N, D) of per-grid tables: token n of image b reads row ``r * w + c`` of
+    ``table_fn(h, w) -> (h*w, D)`` for its grid (h, w) = sizes[b]; each distinct grid built once."""
+    B, N, _ = coord.shape
+    index = coord[..., 0] * sizes[:, 1:] + coord[..., 1]  # (B, N): row-major position on its own grid
+    out = None
+    for h, w in torch.unique(sizes, dim=0).tolist():
+        table = table_fn(h, w)  # (h*w, D)
+        out = table.new_zeros(B, N, table.shape[-1]) if out is None else out
+        rows = (sizes == sizes.new_tensor([h, w])).all(dim=1)  # (B,) images on this grid
+        out[rows] = table[index[rows]]
+    return out
+
+
+def _add_to_naflex_patches(x: Tensor, pe: Tensor) -> Tensor:
+    """Add per-token positions pe (B, N, dim) to the patch tokens of x (B, P + N, dim)."""
+    P = x.shape[1] - pe.shape[1]
+    return torch.cat([x[:, :P], x[:, P:] + pe.to(x.dtype)], dim=1)
+
+
 class NoPosEmbed(nn.Module):
     """No positions: the encoder is permutation-equivariant over patch tokens."""
 
     def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        return x
+
+    def forward_naflex(self, x: Tensor, coord: Tensor, sizes: Tensor) -> Tensor:
         return x
 
 
@@ -79,6 +117,18 @@ class LearnedPosEmbed(nn.Module):
         patches = resample_grid(self.weight[:, P:], self.grid_size, grid_size)  # (1, h*w, dim)
         return x + torch.cat([self.weight[:, :P], patches], dim=1)
 
+    def forward_naflex(self, x: Tensor, coord: Tensor, sizes: Tensor) -> Tensor:
+        P, table = self.num_prefix_tokens, self.weight[0, self.num_prefix_tokens :]  # (H*W, dim): built grid
+
+        def at(h: int, w: int) -> Tensor:  # timm's par: resampled by one scale for both axes, cropped
+            if (h, w) == self.grid_size:
+                return table
+            H, W = par_size(self.grid_size, (h, w))
+            return resample_grid(table, self.grid_size, (H, W)).reshape(H, W, -1)[:h, :w].reshape(h * w, -1)
+
+        pe = per_grid(coord, sizes, at)  # (B, N, dim)
+        return x + torch.cat([self.weight[:, :P].expand(x.shape[0], -1, -1), pe], dim=1).to(x.dtype)
+
 
 class SinCosPosEmbed(nn.Module):
     """A fixed table ``table_fn(h, w, dim) -> (h*w, dim)`` added to the patches; prefix tokens get none.
@@ -96,6 +146,11 @@ class SinCosPosEmbed(nn.Module):
     def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
         table = self.table if tuple(grid_size) == self.grid_size else self.table_fn(*grid_size, self.dim)[None]
         return _add_to_patches(x, table.to(device=x.device, dtype=x.dtype))
+
+    def forward_naflex(self, x: Tensor, coord: Tensor, sizes: Tensor) -> Tensor:
+        # a fixed table needs no grid but each image's own: computed at that grid, read per token
+        table = per_grid(coord, sizes, lambda h, w: self.table_fn(h, w, self.dim).to(x.device))
+        return _add_to_naflex_patches(x, table)
 
 
 class SinCos1DPosEmbed(SinCosPosEmbed):
@@ -140,6 +195,22 @@ class Learned2DPosEmbed(nn.Module):
         table = (row[:, None, :] + col[None, :, :]).reshape(1, h * w, -1)  # (1, h*w, dim)
         return _add_to_patches(x, table)
 
+    @staticmethod
+    def _resample_linear(axis: Tensor, n: int) -> Tensor:
+        """timm's factorized NaFlex resampling: linear, align_corners=False, no antialias."""
+        if axis.shape[0] == n:
+            return axis
+        t = F.interpolate(axis.T[None].float(), size=n, mode="linear", align_corners=False)  # (1, dim, n)
+        return t[0].T.to(axis.dtype)  # (n, dim)
+
+    def forward_naflex(self, x: Tensor, coord: Tensor, sizes: Tensor) -> Tensor:
+        def at(h: int, w: int) -> Tensor:  # timm's parfac: both axes resampled by one scale, then cropped
+            H, W = par_size(self.grid_size, (h, w))
+            row, col = self._resample_linear(self.row, H)[:h], self._resample_linear(self.col, W)[:w]
+            return (row[:, None, :] + col[None, :, :]).reshape(h * w, -1)  # (h*w, dim)
+
+        return _add_to_naflex_patches(x, per_grid(coord, sizes, at))
+
 
 class RoPE2D(nn.Module):
     """2D rotary embedding: adds nothing to the tokens; attention rotates q and k with ``phases``."""
@@ -154,6 +225,19 @@ class RoPE2D(nn.Module):
 
     def phases(self, grid_size: tuple[int, int], device=None) -> tuple[Tensor, Tensor]:
         return rope_2d(*grid_size, self.head_dim, base=self.base, num_prefix_tokens=self.num_prefix_tokens, device=device)
+
+    def forward_naflex(self, x: Tensor, coord: Tensor, sizes: Tensor) -> Tensor:
+        return x
+
+    def phases_naflex(self, coord: Tensor, sizes: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-token phases (cos, sin), each (B, 1, P + N, head_dim), for patches at ``coord``
+        (B, N, 2): the rows of one grid covering the whole batch (a phase depends on (row, col) only)."""
+        P = self.num_prefix_tokens
+        H, W = sizes.amax(dim=0).tolist()
+        cos, sin = self.phases((H, W), device=coord.device)  # (P + H*W, head_dim)
+        prefix = torch.arange(P, device=coord.device).expand(coord.shape[0], P)
+        index = torch.cat([prefix, P + coord[..., 0] * W + coord[..., 1]], dim=1)  # (B, P + N)
+        return cos[index][:, None], sin[index][:, None]
 
 
 def _add_to_patches(x: Tensor, table: Tensor) -> Tensor:
