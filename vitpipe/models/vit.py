@@ -3,6 +3,11 @@
 Patch stem -> [class token, registers] + positions -> pre-norm encoder blocks -> norm -> pool
 -> head. Parameter names follow timm's ``VisionTransformer`` (see ``timm_compat``), with the
 positional table living in ``pos_embed.weight``.
+
+Besides images, ``forward`` takes timm ``NaFlexVit``'s patch dict (``vitpipe.nn.naflex``): images
+at their own aspect and size, as flattened patches with their (row, col) and a validity mask.
+The same weights embed them (the patchify conv as a linear map), positions come from each token's
+coordinates on its own image's grid, padding is masked out of attention and of mean pooling.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from vitpipe.nn.blocks import EncoderBlock
+from vitpipe.nn.naflex import check_batch, grid_sizes
 from vitpipe.nn.patch_embed import STEMS
 from vitpipe.nn.pos_embed import RoPE2D, build_pos_embed
 
@@ -19,7 +25,7 @@ POOLS = ("cls", "mean")
 
 
 class ViT(nn.Module):
-    """Image classifier. ``forward(x (B, C, H, W)) -> logits (B, num_classes)``.
+    """Image classifier. ``forward(x (B, C, H, W) or patch dict) -> logits (B, num_classes)``.
 
     Any input size divisible by the patch runs (positions are resampled or recomputed).
     ``pool="mean"`` averages patch tokens and, as in timm, moves the final norm after pooling.
@@ -141,40 +147,68 @@ class ViT(nn.Module):
         x = torch.cat([*prefix, x], dim=1)  # (B, P + h*w, dim)
         return self.pos_drop(self.pos_embed(x, grid)), grid
 
-    def forward_features(self, x: Tensor, *, return_attn: bool = False):
+    def _embed_naflex(self, batch: dict) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
+        """Patch dict -> tokens (B, P + N, dim), key padding mask (B, P + N) (True = padding), rope phases."""
+        patches, coord, valid = check_batch(batch, self.patch_embed.patch_dim)
+        sizes = grid_sizes(coord, valid)  # (B, 2): each image's own grid
+        x = self.patch_embed.embed_patches(patches)  # (B, N, dim)
+        tokens = (self.cls_token, self.dist_token, self.reg_token)
+        prefix = [t.expand(x.shape[0], -1, -1) for t in tokens if t is not None]
+        x = torch.cat([*prefix, x], dim=1)  # (B, P + N, dim)
+        x = self.pos_drop(self.pos_embed.forward_naflex(x, coord, sizes))
+        padding = torch.cat([valid.new_zeros(x.shape[0], self.num_prefix_tokens), ~valid], dim=1)  # (B, P + N)
+        rope = self.pos_embed.phases_naflex(coord, sizes) if isinstance(self.pos_embed, RoPE2D) else None
+        return x, padding, rope
+
+    def forward_features(self, x: Tensor | dict, *, return_attn: bool = False):
         """Tokens (B, P + h*w, dim) after the final norm; with ``return_attn`` also the list of
-        ``depth`` attention tensors (B, heads, N, N) from the explicit path, for this call only."""
-        x, grid = self._embed(x)
-        rope = self.pos_embed.phases(grid, device=x.device) if isinstance(self.pos_embed, RoPE2D) else None
+        ``depth`` attention tensors (B, heads, N, N) from the explicit path, for this call only.
+
+        For a patch dict the tokens are (B, P + N, dim) in its order; padding tokens hold values
+        that no valid token has seen (``forward_head`` takes ``patch_valid`` to pool without them)."""
+        if isinstance(x, dict):
+            x, padding, rope = self._embed_naflex(x)
+        else:
+            x, grid = self._embed(x)
+            padding = None
+            rope = self.pos_embed.phases(grid, device=x.device) if isinstance(self.pos_embed, RoPE2D) else None
         attentions = []
         for blk in self.blocks:
             if return_attn:
-                x, w = blk(x, rope=rope, need_weights=True)
+                x, w = blk(x, rope=rope, key_padding_mask=padding, need_weights=True)
                 attentions.append(w)
             elif self.grad_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(blk, x, rope=rope, use_reentrant=False)
+                x = checkpoint(blk, x, rope=rope, key_padding_mask=padding, use_reentrant=False)
             else:
-                x = blk(x, rope=rope)
+                x = blk(x, rope=rope, key_padding_mask=padding)
         x = self.norm(x)
         return (x, attentions) if return_attn else x
 
-    def forward_head(self, x: Tensor, *, pre_logits: bool = False) -> Tensor:
-        x = x[:, 0] if self.pool == "cls" else x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, dim)
+    def forward_head(self, x: Tensor, *, pre_logits: bool = False, patch_valid: Tensor | None = None) -> Tensor:
+        """Pooled tokens -> logits; ``patch_valid`` (B, N) restricts mean pooling to valid patches."""
+        if self.pool == "cls":
+            x = x[:, 0]  # (B, dim)
+        elif patch_valid is None:
+            x = x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, dim)
+        else:
+            keep = patch_valid.to(x.dtype)[..., None]  # (B, N, 1)
+            x = (x[:, self.num_prefix_tokens :] * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1)  # (B, dim)
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
 
-    def forward_heads(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def forward_heads(self, x: Tensor | dict) -> tuple[Tensor, Tensor]:
         """DeiT training: (class-token logits, distillation-token logits), each (B, num_classes).
         Without a distillation token both are the one head's logits."""
         tokens = self.forward_features(x)
-        logits = self.forward_head(tokens)
+        logits = self.forward_head(tokens, patch_valid=x["patch_valid"] if isinstance(x, dict) else None)
         if self.dist_token is None:
             return logits, logits
         return logits, self.head_dist(self.head_drop(tokens[:, 1]))  # token 1: right after the class token
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor | dict) -> Tensor:
         if self.dist_token is None:
-            return self.forward_head(self.forward_features(x))
+            tokens = self.forward_features(x)  # checks a patch dict before its patch_valid is read
+            return self.forward_head(tokens, patch_valid=x["patch_valid"] if isinstance(x, dict) else None)
         cls_logits, dist_logits = self.forward_heads(x)
         return (cls_logits + dist_logits) / 2  # DeiT at test time: the two heads averaged
 
