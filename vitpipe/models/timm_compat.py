@@ -1,4 +1,5 @@
-"""timm <-> vitpipe: build from a timm ``VisionTransformer`` (and back, ``to_timm``), load timm or file weights.
+"""timm <-> vitpipe: build from a timm ``VisionTransformer`` or ``NaFlexVit`` (and back to a
+``VisionTransformer``, ``to_timm``), load timm or file weights.
 
 Block and head parameter names are timm's, so conversion is one rename (``pos_embed`` ->
 ``pos_embed.weight``) plus the adaptations any checkpoint move needs: positions resampled to
@@ -69,10 +70,89 @@ def vit_kwargs_from_timm(tm: nn.Module) -> dict:
 
 
 def from_timm(tm: nn.Module) -> ViT:
-    """A vitpipe ViT with the architecture and weights of a timm ``VisionTransformer``."""
+    """A vitpipe ViT with the architecture and weights of a timm ``VisionTransformer`` or ``NaFlexVit``."""
+    if type(tm).__name__ == "NaFlexVit":
+        return from_timm_naflex(tm)
     model = ViT(**vit_kwargs_from_timm(tm))
     sd = timm_to_vitpipe(tm.state_dict(), num_prefix_tokens=0 if tm.no_embed_class else tm.num_prefix_tokens,
                          model=model)
+    model.load_state_dict(sd)
+    return model.train(tm.training)
+
+
+def vit_kwargs_from_timm_naflex(tm: nn.Module) -> dict:
+    """ViT constructor kwargs equivalent to a timm ``NaFlexVit``; ValueError naming the settings vitpipe
+    does not have. vitpipe's patch-dict path resamples learned positions as timm's aspect-preserving
+    (``par``/``parfac``) models do; the built grid is timm's ``pos_embed_grid_size``."""
+    from timm.models.vision_transformer import Block
+
+    e, blk = tm.embeds, tm.blocks[0]
+    learned = e.pos_embed_type in ("learned", "factorized")
+    eps = sorted({m.eps for m in tm.modules() if isinstance(m, nn.LayerNorm)} - {1e-6})
+    acts = {type(m).__name__ if not isinstance(m, nn.GELU) else f"GELU({m.approximate})"
+            for b in tm.blocks for m in b.mlp.modules() if not isinstance(m, (nn.Linear, nn.Identity, nn.Dropout))}
+    acts = {a for a in acts if a not in ("Mlp", "GELU(none)")}
+    unsupported = [
+        name for name, on in [
+            (f"LayerNorm eps {', '.join(map(str, eps))} (vitpipe's is 1e-6)", bool(eps)),
+            (f"block type {type(blk).__name__} (rope/EVA/SwiGLU blocks)", type(blk) is not Block),
+            (f"MLP activation {', '.join(sorted(acts))} (vitpipe's is exact GELU)", bool(acts)),
+            ("rope", tm.rope is not None),
+            ("global_pool=" + repr(tm.global_pool), tm.global_pool not in ("token", "avg")),
+            ("pool_include_prefix=True", tm.pool_include_prefix),
+            ("pre_norm", not isinstance(tm.norm_pre, nn.Identity)),
+            ("final_norm=False", isinstance(tm.norm, nn.Identity) and isinstance(tm.fc_norm, nn.Identity)),
+            ("fc_norm with token pooling", tm.global_pool == "token" and not isinstance(tm.fc_norm, nn.Identity)),
+            ("avg pooling without fc_norm", tm.global_pool == "avg" and isinstance(tm.fc_norm, nn.Identity)),
+            ("an embedding norm (embed_norm_layer / input_norm_layer)",
+             not isinstance(e.norm, nn.Identity) or e.norm_input is not None),
+            ("proj_bias=False", blk.attn.proj.bias is None or e.proj.bias is None),
+            ("patchify_channels_last=False", not e.channels_last),
+            ("pos_embed_ar_preserving=False", learned and not e.pos_embed_ar_preserving),
+            ("pos_embed_use_grid_sample=True", learned and e.pos_embed_use_grid_sample),
+            (f"pos_embed_interp_mode={e.pos_embed_interp_mode!r}",
+             e.pos_embed_type == "learned" and e.pos_embed_interp_mode != "bicubic"),
+            ("pos_embed_antialias=False", e.pos_embed_type == "learned" and not e.pos_embed_antialias),
+            ("pos_embed_align_corners=True", e.pos_embed_type == "learned" and e.pos_embed_align_corners),
+        ] if on
+    ]
+    if unsupported:
+        raise ValueError(f"timm NaFlexVit uses settings vitpipe's ViT does not have: {', '.join(unsupported)}; "
+                         "vitpipe converts the aspect-preserving learned/factorized models with avg or token "
+                         "pooling (e.g. naflexvit_base_patch16_par_gap, naflexvit_base_patch16_parfac_gap)")
+    dim, patch = tm.embed_dim, tuple(e.patch_size)
+    grid = tuple(e.pos_embed_grid_size or (1, 1))  # no learned table: any grid, the tensor path needs one
+    return {
+        "img_size": (grid[0] * patch[0], grid[1] * patch[1]), "patch_size": patch, "in_chans": e.in_chans,
+        "num_classes": tm.num_classes, "dim": dim, "depth": len(tm.blocks), "num_heads": blk.attn.num_heads,
+        "mlp_ratio": blk.mlp.fc1.out_features / dim, "qkv_bias": blk.attn.qkv.bias is not None,
+        "qk_norm": not isinstance(blk.attn.q_norm, nn.Identity),
+        "pos_embed": {"learned": "learned", "factorized": "learned2d"}.get(e.pos_embed_type, "none"),
+        "class_token": tm.has_class_token, "reg_tokens": tm.num_reg_tokens,
+        "pool": "cls" if tm.global_pool == "token" else "mean",
+        "init_values": 1.0 if hasattr(blk.ls1, "gamma") else None,  # the scales themselves are loaded
+    }
+
+
+def from_timm_naflex(tm: nn.Module) -> ViT:
+    """A vitpipe ViT with the architecture and weights of a timm ``NaFlexVit``: the same logits for the
+    same patch dict. (On a plain image tensor at a grid other than the built one vitpipe resamples
+    positions its own way, not aspect-preserving, so there the two may differ.)"""
+    model = ViT(**vit_kwargs_from_timm_naflex(tm))
+    P = model.num_prefix_tokens
+    sd = {}
+    for k, v in tm.state_dict().items():
+        if k == "embeds.proj.weight" and v.ndim == 2:  # linear (dim, p*q*C), channel fastest -> conv (dim, C, p, q)
+            p, q = model.patch_size
+            sd["patch_embed.proj.weight"] = v.reshape(v.shape[0], p, q, model.in_chans).permute(0, 3, 1, 2)
+        elif k == "embeds.pos_embed":  # (1, h, w, dim), patches only: prefix tokens get zero rows
+            sd["pos_embed.weight"] = torch.cat([v.new_zeros(1, P, v.shape[-1]), v.flatten(1, 2)], dim=1)
+        elif k in ("embeds.pos_embed_y", "embeds.pos_embed_x"):  # (1, h or w, dim)
+            sd["pos_embed.row" if k.endswith("_y") else "pos_embed.col"] = v[0]
+        elif k.startswith("embeds."):  # proj (conv or bias), cls_token, reg_token
+            sd[("patch_embed." if k.startswith("embeds.proj.") else "") + k[len("embeds."):]] = v
+        else:
+            sd[k] = v
     model.load_state_dict(sd)
     return model.train(tm.training)
 
