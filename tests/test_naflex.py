@@ -50,10 +50,13 @@ def tiny_vit(pos_embed: str, class_token: bool, img_size=(16, 16), reg_tokens: i
     return m
 
 
-@pytest.mark.parametrize("name", ["naflexvit_base_patch16_par_gap", "naflexvit_base_patch16_parfac_gap"])
+@pytest.mark.parametrize("name, pos_embed", [
+    ("naflexvit_base_patch16_par_gap", "learned"), ("naflexvit_base_patch16_parfac_gap", "factorized"),
+    ("naflexvit_base_patch16_gap", "learned"), ("naflexvit_base_patch16_gap", "factorized"),  # not aspect-preserving
+])
 @pytest.mark.parametrize("pool", ["avg", "token"])
-def test_logits_match_timm_naflexvit(name, pool):
-    tm = tiny_timm(name, class_token=pool == "token", global_pool=pool, fc_norm=pool == "avg")
+def test_logits_match_timm_naflexvit(name, pos_embed, pool):
+    tm = tiny_timm(name, pos_embed=pos_embed, class_token=pool == "token", global_pool=pool, fc_norm=pool == "avg")
     model = from_timm(tm)
     batch = timm_batch()
     valid = batch["patch_valid"]
@@ -62,7 +65,7 @@ def test_logits_match_timm_naflexvit(name, pool):
     assert len({h / w for h, w in grids.tolist()}) >= 3 and {(4, 4), (5, 5)} < set(map(tuple, grids.tolist()))
     with torch.no_grad():
         ours, theirs = model(batch), tm(batch)
-        tm.embeds.pos_embed_ar_preserving = False  # the batch is one where the resampling rule shows
+        tm.embeds.pos_embed_ar_preserving ^= True  # the batch is one where the resampling rule shows
         other_rule = tm(batch)
     assert (ours - theirs).abs().max() <= 1e-5
     assert (other_rule - theirs).abs().max() > 1e-3
@@ -70,8 +73,8 @@ def test_logits_match_timm_naflexvit(name, pool):
 
 
 def test_from_timm_names_an_unsupported_naflex_setting():
-    tm = tiny_timm("naflexvit_base_patch16_gap")  # learned table, not aspect-preserving
-    with pytest.raises(ValueError, match=r"pos_embed_ar_preserving=False.*naflexvit_base_patch16_par_gap"):
+    tm = tiny_timm("naflexvit_base_patch16_par_gap", pos_embed_use_grid_sample=True, pre_norm=True)
+    with pytest.raises(ValueError, match=r"pre_norm, .*pos_embed_use_grid_sample=True; .*naflexvit_base_patch16_gap"):
         from_timm(tm)
 
 

@@ -82,8 +82,8 @@ def from_timm(tm: nn.Module) -> ViT:
 
 def vit_kwargs_from_timm_naflex(tm: nn.Module) -> dict:
     """ViT constructor kwargs equivalent to a timm ``NaFlexVit``; ValueError naming the settings vitpipe
-    does not have. vitpipe's patch-dict path resamples learned positions as timm's aspect-preserving
-    (``par``/``parfac``) models do; the built grid is timm's ``pos_embed_grid_size``."""
+    does not have. The built grid is timm's ``pos_embed_grid_size``; its ``pos_embed_ar_preserving`` is
+    the positional module's ``ar_preserving`` (set by ``from_timm_naflex``, not a ViT argument)."""
     from timm.models.vision_transformer import Block
 
     e, blk = tm.embeds, tm.blocks[0]
@@ -108,7 +108,6 @@ def vit_kwargs_from_timm_naflex(tm: nn.Module) -> dict:
              not isinstance(e.norm, nn.Identity) or e.norm_input is not None),
             ("proj_bias=False", blk.attn.proj.bias is None or e.proj.bias is None),
             ("patchify_channels_last=False", not e.channels_last),
-            ("pos_embed_ar_preserving=False", learned and not e.pos_embed_ar_preserving),
             ("pos_embed_use_grid_sample=True", learned and e.pos_embed_use_grid_sample),
             (f"pos_embed_interp_mode={e.pos_embed_interp_mode!r}",
              e.pos_embed_type == "learned" and e.pos_embed_interp_mode != "bicubic"),
@@ -118,8 +117,8 @@ def vit_kwargs_from_timm_naflex(tm: nn.Module) -> dict:
     ]
     if unsupported:
         raise ValueError(f"timm NaFlexVit uses settings vitpipe's ViT does not have: {', '.join(unsupported)}; "
-                         "vitpipe converts the aspect-preserving learned/factorized models with avg or token "
-                         "pooling (e.g. naflexvit_base_patch16_par_gap, naflexvit_base_patch16_parfac_gap)")
+                         "vitpipe converts learned/factorized positions with avg or token pooling (e.g. "
+                         "naflexvit_base_patch16_gap, naflexvit_base_patch16_par_gap, naflexvit_base_patch16_parfac_gap)")
     dim, patch = tm.embed_dim, tuple(e.patch_size)
     grid = tuple(e.pos_embed_grid_size or (1, 1))  # no learned table: any grid, the tensor path needs one
     return {
@@ -139,6 +138,8 @@ def from_timm_naflex(tm: nn.Module) -> ViT:
     same patch dict. (On a plain image tensor at a grid other than the built one vitpipe resamples
     positions its own way, not aspect-preserving, so there the two may differ.)"""
     model = ViT(**vit_kwargs_from_timm_naflex(tm))
+    if hasattr(model.pos_embed, "ar_preserving"):  # timm's gap (False) or par/parfac (True) resampling rule
+        model.pos_embed.ar_preserving = bool(tm.embeds.pos_embed_ar_preserving)
     P = model.num_prefix_tokens
     sd = {}
     for k, v in tm.state_dict().items():

@@ -7,9 +7,10 @@ learned tables are resampled bicubically, fixed ones recomputed. So a checkpoint
 
 ``forward_naflex(x, coord, sizes)`` is the same encoding for a patch-dict batch (``vitpipe.nn.naflex``):
 each token's position is its (row, col) on its own image's grid ``sizes[b]``. Learned tables are
-resampled aspect-preserving, as timm's ``NaFlexVit`` with ``pos_embed_ar_preserving=True`` (its
-``par`` models): both axes by one scale, just enough to cover (h, w), then cropped to (h, w), so rows
-and columns keep one spacing whatever the image's aspect (``par_size``). At the built grid this is
+resampled as timm's ``NaFlexVit`` does: by default aspect-preserving (``ar_preserving=True``, timm's
+``pos_embed_ar_preserving`` of its ``par``/``parfac`` models): both axes by one scale, just enough to
+cover (h, w), then cropped to (h, w), so rows and columns keep one spacing whatever the image's aspect
+(``par_size``); with ``ar_preserving=False`` each axis to its own length. At the built grid both are
 the table itself, as in the tensor path.
 """
 
@@ -61,10 +62,12 @@ def resample_grid(table: Tensor, old: tuple[int, int], new: tuple[int, int]) -> 
     return grid.permute(0, 2, 3, 1).reshape(*lead, new[0] * new[1], D).to(table.dtype)
 
 
-def par_size(built: tuple[int, int], grid: tuple[int, int]) -> tuple[int, int]:
+def par_size(built: tuple[int, int], grid: tuple[int, int], ar_preserving: bool = True) -> tuple[int, int]:
     """Size to resample a table built for ``built`` to before cropping it to ``grid``: one scale for
     both axes, the smallest covering ``grid``. For timm's square tables (G, G) this is its
-    (max(h, w), max(h, w)); the built grid itself maps to itself."""
+    (max(h, w), max(h, w)); the built grid itself maps to itself. Without ``ar_preserving``: ``grid``."""
+    if not ar_preserving:
+        return tuple(grid)
     scale = max(grid[0] / built[0], grid[1] / built[1])
     return max(grid[0], round(built[0] * scale)), max(grid[1], round(built[1] * scale))
 
@@ -106,9 +109,11 @@ class LearnedPosEmbed(nn.Module):
     weights map one to one. On another grid the patch rows are resampled as the 2D grid they are.
     """
 
-    def __init__(self, dim: int, grid_size: tuple[int, int], num_prefix_tokens: int = 0) -> None:
+    def __init__(self, dim: int, grid_size: tuple[int, int], num_prefix_tokens: int = 0, *,
+                 ar_preserving: bool = True) -> None:
         super().__init__()
         self.grid_size, self.num_prefix_tokens = tuple(grid_size), num_prefix_tokens
+        self.ar_preserving = ar_preserving  # the patch-dict path's resampling (module docstring)
         self.weight = nn.Parameter(torch.zeros(1, num_prefix_tokens + grid_size[0] * grid_size[1], dim))
         nn.init.trunc_normal_(self.weight, std=0.02)
 
@@ -121,9 +126,10 @@ class LearnedPosEmbed(nn.Module):
         P, table = self.num_prefix_tokens, self.weight[0, self.num_prefix_tokens :]  # (H*W, dim): built grid
 
         def at(h: int, w: int) -> Tensor:  # timm's par: resampled by one scale for both axes, cropped
+            # (bicubic, antialiased, align_corners=False: timm's pos_embed_interp_mode and defaults)
             if (h, w) == self.grid_size:
                 return table
-            H, W = par_size(self.grid_size, (h, w))
+            H, W = par_size(self.grid_size, (h, w), self.ar_preserving)
             return resample_grid(table, self.grid_size, (H, W)).reshape(H, W, -1)[:h, :w].reshape(h * w, -1)
 
         pe = per_grid(coord, sizes, at)  # (B, N, dim)
@@ -173,9 +179,10 @@ class Learned2DPosEmbed(nn.Module):
     Additive rather than concatenated halves, so each axis can use every channel.
     """
 
-    def __init__(self, dim: int, grid_size: tuple[int, int]) -> None:
+    def __init__(self, dim: int, grid_size: tuple[int, int], *, ar_preserving: bool = True) -> None:
         super().__init__()
         self.grid_size = tuple(grid_size)
+        self.ar_preserving = ar_preserving  # the patch-dict path's resampling (module docstring)
         self.row = nn.Parameter(torch.zeros(grid_size[0], dim))
         self.col = nn.Parameter(torch.zeros(grid_size[1], dim))
         nn.init.trunc_normal_(self.row, std=0.02)
@@ -205,7 +212,7 @@ class Learned2DPosEmbed(nn.Module):
 
     def forward_naflex(self, x: Tensor, coord: Tensor, sizes: Tensor) -> Tensor:
         def at(h: int, w: int) -> Tensor:  # timm's parfac: both axes resampled by one scale, then cropped
-            H, W = par_size(self.grid_size, (h, w))
+            H, W = par_size(self.grid_size, (h, w), self.ar_preserving)
             row, col = self._resample_linear(self.row, H)[:h], self._resample_linear(self.col, W)[:w]
             return (row[:, None, :] + col[None, :, :]).reshape(h * w, -1)  # (h*w, dim)
 
