@@ -49,24 +49,24 @@ def vit_kwargs_from_timm(tm: nn.Module) -> dict:
         raise ValueError(f"timm model uses features vitpipe's ViT does not have: {', '.join(unsupported)}")
     blk = tm.blocks[0]
     dim = tm.embed_dim
-    return dict(
-        img_size=tuple(tm.patch_embed.img_size),
-        patch_size=tuple(tm.patch_embed.patch_size),
-        in_chans=tm.patch_embed.proj.in_channels,
-        num_classes=tm.num_classes,
-        dim=dim,
-        depth=len(tm.blocks),
-        num_heads=blk.attn.num_heads,
-        mlp_ratio=blk.mlp.fc1.out_features / dim,
-        qkv_bias=blk.attn.qkv.bias is not None,
-        qk_norm=not isinstance(blk.attn.q_norm, nn.Identity),
-        pos_embed="none" if tm.pos_embed is None else "learned",
-        class_token=tm.cls_token is not None,
-        reg_tokens=tm.num_reg_tokens,
-        pool="cls" if tm.global_pool == "token" else "mean",
+    return {
+        "img_size": tuple(tm.patch_embed.img_size),
+        "patch_size": tuple(tm.patch_embed.patch_size),
+        "in_chans": tm.patch_embed.proj.in_channels,
+        "num_classes": tm.num_classes,
+        "dim": dim,
+        "depth": len(tm.blocks),
+        "num_heads": blk.attn.num_heads,
+        "mlp_ratio": blk.mlp.fc1.out_features / dim,
+        "qkv_bias": blk.attn.qkv.bias is not None,
+        "qk_norm": not isinstance(blk.attn.q_norm, nn.Identity),
+        "pos_embed": "none" if tm.pos_embed is None else "learned",
+        "class_token": tm.cls_token is not None,
+        "reg_tokens": tm.num_reg_tokens,
+        "pool": "cls" if tm.global_pool == "token" else "mean",
         # a LayerScale has a gamma (timm <= 1.0.20 has its own class in vision_transformer.py, not timm.layers')
-        init_values=1.0 if hasattr(blk.ls1, "gamma") else None,  # the value itself is loaded
-    )
+        "init_values": 1.0 if hasattr(blk.ls1, "gamma") else None,  # the value itself is loaded
+    }
 
 
 def from_timm(tm: nn.Module) -> ViT:
@@ -199,16 +199,17 @@ def timm_kwargs(model: ViT) -> dict:
         raise ConfigError(f"timm's VisionTransformer cannot express {', '.join(parts)}; export with format=onnx")
     blk = model.blocks[0]
     fixed = isinstance(model.pos_embed, SinCosPosEmbed)
-    return dict(
-        img_size=tuple(model.img_size), patch_size=tuple(model.patch_size), in_chans=model.in_chans,
-        num_classes=model.num_classes, embed_dim=model.dim, depth=len(model.blocks), num_heads=blk.attn.num_heads,
-        mlp_ratio=blk.mlp.fc1.out_features / model.dim, qkv_bias=blk.attn.qkv.bias is not None,
-        qk_norm=not isinstance(blk.attn.q_norm, nn.Identity),  # timm's LayerNorm, eps 1e-6 as vitpipe's
-        init_values=1.0 if hasattr(blk.ls1, "gamma") else None,  # the scales themselves are loaded
-        class_token=model.class_token, reg_tokens=model.num_prefix_tokens - int(model.class_token),
-        global_pool="token" if model.pool == "cls" else "avg",
-        pos_embed="none" if isinstance(model.pos_embed, NoPosEmbed) else "learn", no_embed_class=fixed,
-    )
+    return {
+        "img_size": tuple(model.img_size), "patch_size": tuple(model.patch_size), "in_chans": model.in_chans,
+        "num_classes": model.num_classes, "embed_dim": model.dim, "depth": len(model.blocks),
+        "num_heads": blk.attn.num_heads,
+        "mlp_ratio": blk.mlp.fc1.out_features / model.dim, "qkv_bias": blk.attn.qkv.bias is not None,
+        "qk_norm": not isinstance(blk.attn.q_norm, nn.Identity),  # timm's LayerNorm, eps 1e-6 as vitpipe's
+        "init_values": 1.0 if hasattr(blk.ls1, "gamma") else None,  # the scales themselves are loaded
+        "class_token": model.class_token, "reg_tokens": model.num_prefix_tokens - int(model.class_token),
+        "global_pool": "token" if model.pool == "cls" else "avg",
+        "pos_embed": "none" if isinstance(model.pos_embed, NoPosEmbed) else "learn", "no_embed_class": fixed,
+    }
 
 
 def to_timm(model: ViT, arch: str = "vit_base_patch16_224") -> nn.Module:
@@ -268,7 +269,12 @@ def _cached_hub_weights(name: str) -> dict | None:
     ``{"file": <path>}`` when the cache holds them (timm would otherwise ask the Hub first); None to
     let timm download. With the cache empty and the Hub unreachable, ConfigError after one request:
     huggingface_hub would retry with backoff for about 25 s per file and log every attempt."""
-    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub import (
+        constants,
+        get_hf_file_metadata,
+        hf_hub_url,
+        try_to_load_from_cache,
+    )
     from huggingface_hub.utils import HfHubHTTPError
     from timm.models import get_pretrained_cfg
     from timm.models._hub import _get_safe_alternatives, hf_split
@@ -422,7 +428,7 @@ def _grid_of(n: int, model: ViT) -> tuple[int, int]:
     h, w = model.grid_size
     if n == h * w:
         return h, w
-    side = int(round(n**0.5))
+    side = round(n**0.5)
     if side * side == n:
         return side, side
     raise ConfigError(f"position table with {n} patch rows matches neither the grid {h}x{w} nor a square grid")

@@ -132,8 +132,8 @@ class ViT(nn.Module):
         here it goes with the head, as in BEiT's ``get_num_layer_for_vit`` and MAE's ``lrd.py``.
         ``coarse`` is accepted for timm's signature; the grouping is the same.
         """
-        return dict(stem=r"^cls_token|^dist_token|^reg_token|^pos_embed|^patch_embed",
-                    blocks=[(r"^blocks\.(\d+)", None)])
+        return {"stem": r"^cls_token|^dist_token|^reg_token|^pos_embed|^patch_embed",
+                "blocks": [(r"^blocks\.(\d+)", None)]}
 
     def get_classifier(self) -> nn.Module:
         """The head (timm's name for it): what a linear probe trains; everything else is the encoder.

@@ -53,7 +53,7 @@ class DecoderBlock(nn.Module):
                  qkv_bias: bool = True, qk_norm: bool = False, proj_drop: float = 0.0, attn_drop: float = 0.0,
                  drop_path: float = 0.0) -> None:
         super().__init__()
-        kw = dict(qkv_bias=qkv_bias, qk_norm=qk_norm, attn_drop=attn_drop, proj_drop=proj_drop)
+        kw = {"qkv_bias": qkv_bias, "qk_norm": qk_norm, "attn_drop": attn_drop, "proj_drop": proj_drop}
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.self_attn = MultiHeadAttention(dim, num_heads, **kw)
         self.has_cross_attention = context_dim is not None
