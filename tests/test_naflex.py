@@ -157,3 +157,33 @@ def test_conv_stem_refuses_a_patch_dict():
     model = ViT(img_size=16, patch_size=PATCH, num_classes=5, dim=32, depth=1, num_heads=2, stem="conv")
     with pytest.raises(ValueError, match=r"stem='conv' .* use stem='patch'"):
         model(_batch())
+
+
+@pytest.mark.parametrize("pos_embed", POS_EMBED_KINDS)
+def test_positions_come_from_the_coordinates_not_the_token_order(pos_embed):
+    model = tiny_vit(pos_embed, class_token=False)
+    with torch.no_grad():  # at the 0.02 init rotary phases barely move the logits: make them matter
+        for p in model.parameters():
+            p.normal_(std=0.3)
+    g = torch.Generator().manual_seed(5)
+    batch = pad_batch([patchify_image(torch.rand(3, 12, 20, generator=g), PATCH, 15),
+                       patchify_image(torch.rand(3, 20, 8, generator=g), PATCH, 10)], seq_len=17)
+    order = torch.randperm(17, generator=g)  # padding moves into the middle too
+    shuffled = {k: v[:, order] for k, v in batch.items()}
+    with torch.no_grad():
+        assert (model(shuffled) - model(batch)).abs().max() <= 1e-5
+        swapped = dict(batch, patch_coord=batch["patch_coord"].flip(-1))  # (row, col) read as (col, row)
+        assert pos_embed == "none" or (model(swapped) - model(batch)).abs().max() > 1e-4
+
+
+def test_gradient_checkpointing_on_a_patch_dict_changes_nothing():
+    model = tiny_vit("learned2d", class_token=True).train()
+    batch = pad_batch([patchify_image(torch.rand(3, 12, 20), PATCH, 15), patchify_image(torch.rand(3, 8, 8), PATCH, 4)])
+    grads = []
+    for enable in (False, True):
+        model.zero_grad()
+        model.set_grad_checkpointing(enable)
+        model(batch).square().sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert grads[0].abs().max() > 0 and (grads[1] - grads[0]).abs().max() <= 1e-6
+    assert model.pos_embed.row.grad[:3].abs().min() > 0  # rows 0-2 are used by the 3x5 image
