@@ -148,3 +148,26 @@ def test_the_fit_check_catches_labels_cut_off():
     ax.barh([0], [1.0])
     ax.set_yticks([0], ["#0 " + " ".join(f"param{i}=0.001038445306856572" for i in range(3))])
     assert texts_outside(fig)
+
+
+def test_a_sweep_over_seeds_gets_mean_and_sample_std_per_setting(tmp_path):
+    """pretrained=a,null x seed=0,1,2 (one job unfinished): summary.md and summary_seeds.csv give each
+    setting's mean +- sample std over the seeds that finished, with those seeds named."""
+    sweep = tmp_path / "seeds"
+    sweeper = {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "params": None}
+    accs = {("a", 0): 0.80, ("a", 1): 0.82, ("a", 2): 0.84, ("null", 0): 0.70, ("null", 1): 0.71, ("null", 2): None}
+    for i, ((arm, seed), acc) in enumerate(accs.items()):
+        make_job(sweep, i, [f"model.pretrained={arm}", f"seed={seed}", "experiment=mae_fmnist_finetune"],
+                 None if acc is None else {"test/acc": acc, "time/fit_s": 100.0 + seed}, sweeper)
+    write_summary(sweep)
+    md = (sweep / "summary.md").read_text()
+    # a: mean 0.82, sample std 0.02; null: 0.705 +- 0.00707 (seeds 0 and 1 only); fit time 101 +- 1
+    assert "| model.pretrained | seeds | test/acc | time/fit_s |" in md
+    assert "| a | 0,1,2 | 0.8200 +- 0.0200 | 101.0 +- 1.0 |" in md
+    assert "| null | 0,1 | 0.7050 +- 0.0071 | 100.5 +- 0.7 |" in md
+    rows = (sweep / "summary_seeds.csv").read_text().splitlines()
+    assert rows[0] == "model.pretrained,seeds,test/acc,time/fit_s"
+    assert rows[1].startswith("a,\"0,1,2\",0.82 0.02,")
+    grid = grid_sweep(tmp_path)  # no seed column: no such table
+    write_summary(grid)
+    assert "over the seeds" not in (grid / "summary.md").read_text() and not (grid / "summary_seeds.csv").exists()

@@ -59,6 +59,8 @@ def print_summary(cfg: DictConfig, metrics: dict, trainer: L.Trainer) -> None:
     keys = [k for k in ("val/acc_best", "test/acc", "test/acc_top5", "test/loss") if k in metrics]
     keys += sorted(k for k in metrics if k.startswith("test/") and k not in keys)
     lines = [f"  {k:<16} {metrics[k]:.4f}" for k in keys]
+    if "time/fit_s" in metrics:
+        lines.append(f"  {'fit wall time':<16} {metrics['time/fit_s']:.0f} s")
     best = getattr(trainer.checkpoint_callback, "best_model_path", "") if trainer.checkpoint_callback else ""
     print("\n".join([f"== vitpipe {cfg.task_name}: {cfg.model.get('name', cfg.model._target_)} on "
                      f"{cfg.data._target_.rsplit('.', 1)[-1]} ==", *lines,

@@ -5,7 +5,10 @@ the end; ``scripts/sweep_report.py <sweep_dir>`` rebuilds them from the job fold
 
     summary.csv   every job's overrides and metrics (floats shortened: overrides to 3 significant
                   digits, 1.04e-03; metrics to 4)
-    summary.md    the settings every job shared, then the table of what varied, then the figures
+    summary.md    the settings every job shared, then the table of what varied, then (a sweep over
+                  ``seed``) each metric's mean +- sample standard deviation over the seeds of each
+                  setting of the other overrides, then the figures
+    summary_seeds.csv  that table, where ``seed`` varies
     summary.png   the metric per job; each bar is labelled "#<job> <the overrides that vary>"
     optuna_*.png  Optuna sweeps only (vitpipe.sweep.optuna): history, slices, importances
 """
@@ -16,6 +19,7 @@ import csv
 import io
 import json
 import math
+import statistics
 from pathlib import Path
 
 import yaml
@@ -133,10 +137,59 @@ def write_summary(sweep_dir: str | Path, metric: str | None = None) -> list[dict
     table = [c for c in cols if c not in fixed]  # the fixed ones are listed once above
     md += ["| " + " | ".join(table) + " |", "|" + "---|" * len(table)]
     md += ["| " + " | ".join(fmt(r.get(c), 4 if c in metrics else 3) for c in table) + " |" for r in rows]
+    groups = over_seeds(rows, varying, metrics)
+    if groups:
+        others = [p for p in varying if p != "seed"]
+        seed_cols = [*others, "seeds", *(m for m in metrics if any(m in g for g in groups))]
+        cells = [{c: mean_std(g[c]) if c in metrics else g.get(c, "") for c in seed_cols} for g in groups]
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=seed_cols, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({c: (" ".join(fmt(v, 4) for v in g[c][:2]) if c in metrics else g.get(c, ""))
+                          for c in seed_cols} for g in groups)  # mean std
+        atomic_write_text(sweep_dir / "summary_seeds.csv", buf.getvalue())
+        md += ["", "Mean +- sample standard deviation over the seeds (finished jobs only):", "",
+               "| " + " | ".join(seed_cols) + " |", "|" + "---|" * len(seed_cols)]
+        md += ["| " + " | ".join(row[c] for c in seed_cols) + " |" for row in cells]
     if figures:
         md += ["", *(f"![{Path(f).stem}]({f})" for f in figures)]
     atomic_write_text(sweep_dir / "summary.md", "\n".join(md) + "\n")
     return rows
+
+
+def over_seeds(rows: list[dict], varying: list[str], metrics: list[str]) -> list[dict]:
+    """Where ``seed`` varies: one row per setting of the other varying overrides (first-seen order),
+    with ``seeds`` (the seeds that finished, "0,1,2") and, per metric, (mean, sample std, n) over them.
+    Jobs that did not finish are left out; [] when ``seed`` does not vary."""
+    if "seed" not in varying:
+        return []
+    others = [p for p in varying if p != "seed"]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("status") == "done":
+            groups.setdefault(tuple(str(r.get(p, "")) for p in others), []).append(r)
+    out = []
+    for key, members in groups.items():
+        g = {**dict(zip(others, key)), "seeds": ",".join(str(m.get("seed")) for m in members)}
+        for metric in metrics:
+            values = [float(m[metric]) for m in members if isinstance(m.get(metric), (int, float))]
+            if values:
+                g[metric] = (statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0,
+                             len(values))
+        out.append(g)
+    return out
+
+
+def mean_std(cell) -> str:
+    """(mean, std, n) -> '0.8123 +- 0.0040' ('0.8123' for one seed); '' for no value."""
+    if not cell:
+        return ""
+    mean, std, n = cell
+    shown = f"{mean:#.4g}" if 1e-2 <= abs(mean) < 1e5 else fmt(mean)  # trailing zeros kept: 0.8200
+    if n == 1:
+        return shown
+    decimals = len(shown.partition(".")[2]) if "e" not in shown else None  # the std to the mean's last digit
+    return f"{shown} +- {std:.{decimals}f}" if decimals is not None else f"{shown} +- {fmt(std, 2)}"
 
 
 def summary_figure(rows: list[dict], varying: list[str], metric: str, *, title: str) -> Figure | None:

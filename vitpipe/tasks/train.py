@@ -7,6 +7,7 @@ config alone is checked before any data loads.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import lightning as L
@@ -101,9 +102,14 @@ def _train(cfg: DictConfig) -> dict[str, float]:
         dm, net, module = build(cfg)
         ckpt_path = resume_path(cfg, net)
         write_run_files(cfg, {})
+        fit_s = None
         if cfg.get("train", True):
+            start = time.perf_counter()
             trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
+            fit_s = time.perf_counter() - start
         metrics = collect_metrics(trainer)
+        if fit_s is not None:  # this process's fit, in seconds (a resumed run: the part after the resume)
+            metrics["time/fit_s"] = fit_s
         if cfg.get("test", True):
             best = _best_checkpoint(trainer)
             trainer.test(module, datamodule=dm, ckpt_path=best, weights_only=True)
