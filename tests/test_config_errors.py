@@ -229,6 +229,10 @@ def test_a_mistake_under_torchrun_is_printed_by_local_rank_0_only(local_rank, li
     (["~trainer.max_epoch"], "trainer.max_epoch is not a key of trainer; did you mean trainer.max_epochs?"),
     (["hydra.run.dirr=x"], "hydra.run.dirr is not a key of hydra.run; did you mean hydra.run.dir? (valid: dir)"),
     (["debug=fast", "model.dpeth=3"], "model.dpeth is not a key of model; did you mean model.depth? (valid: "),
+    # a classifier's search space on an MAE: Hydra would stop at the first trial ("Could not override")
+    (["-m", "hparams_search=optuna", "model=mae_vit_nano", "module=mae"],
+     ("hparams_search=optuna searches module.label_smoothing, which this config lacks: module.label_smoothing is "
+      "not a key of module (valid: ")),
 ])
 def test_override_mistakes_are_one_line(argv, message, monkeypatch, capsys):
     import vitpipe.tasks.cli
@@ -250,6 +254,7 @@ def test_valid_command_lines_pass_the_override_check():
 
     for argv in (["debug=fast", "model.depth=2", "+trainer.max_time=null"], ["-m", "model=vit_nano,vit_micro",
                  "model.depth=1,2"], ["-m", "hparams_search=optuna"], ["--cfg", "job"], ["--help"],
+                 ["-m", "experiment=mae_fmnist", "hparams_search=optuna_mae"],
                  ["model=vit_b16", "data=cifar10"], ["hydra/launcher=submitit_local"]):
         assert command_line_mistake(_conf(), "train", argv) is None, argv
 

@@ -94,6 +94,11 @@ def test_the_optimizer_is_the_papers_adamw_with_decay_on_weights_only(cfg_factor
 def test_mae_refuses_a_bad_mask_ratio_and_an_augmentation_it_does_not_use(cfg_factory):
     with pytest.raises(ConfigError, match=r"module.mask_ratio=1.0: expected a fraction in \[0, 1\)"):
         build(cfg_factory(*TINY, "module.mask_ratio=1.0"))
+    # 0 masks no patch: the loss, a mean over the masked patches, would be 0 / 0 = NaN; 0.99 keeps none
+    for ratio, kept in (("0.0", "(\\d+) of the \\1"), ("0.99", "0 of the \\d+")):
+        with pytest.raises(ConfigError, match=rf"module.mask_ratio={ratio} keeps {kept} patches: training needs at "
+                                              rf"least one masked .* e.g. the paper's 0.75"):
+            build(cfg_factory(*TINY, f"module.mask_ratio={ratio}"))
     with pytest.raises(ConfigError, match="data.augment=mae is RandomResizedCrop \\+ flip alone .*data.random_erasing=0"):
         build(cfg_factory(*TINY, "data.random_erasing=0.25"))
     with pytest.raises(ConfigError, match=r"data.augment='crop'; valid choices: true, false, mae"):
@@ -184,6 +189,10 @@ def test_an_unlabeled_image_folder_pre_trains(cfg_factory, tmp_path):
         build(cfg_factory(*TINY, *FOLDER, f"data.root={root}", "data.labels=none", "data.num_classes=3"))
     with pytest.raises(ConfigError, match=r"data.labels='flat'; valid choices: folders"):
         build(cfg_factory(*TINY, *FOLDER, f"data.root={root}", "data.labels=flat"))
+    # a classifier would fit the one dummy class (100% accuracy): refused before anything is built
+    with pytest.raises(ConfigError, match=r"data.labels=none reads the images without labels \(one class\), which "
+                                          r"module ImageClassifier cannot learn from; pre-train on them with module=mae"):
+        build(cfg_factory("debug=fast", *FOLDER, f"data.root={root}", "data.labels=none"))
 
 
 def test_a_labeled_image_folder_pre_trains_with_its_labels_ignored(cfg_factory, tmp_path):

@@ -147,6 +147,8 @@ SPECS: dict[str, Spec] = {
         append=S, expect=("sweep summary of 3 job(s)",)),
     f"{TRAIN} -m hparams_search=optuna hydra.sweeper.n_trials=30": Spec(
         append=(*S, "hydra.sweeper.n_trials=2"), expect=("sweep summary of 2 job(s)",)),
+    f"{TRAIN} -m experiment=mae_fmnist hparams_search=optuna_mae": Spec(
+        append=(*SB, "hydra.sweeper.n_trials=2"), needs_fmnist=True, expect=("sweep summary of 2 job(s)",)),
     f"{CAPTION} model.decoder=prefix": Spec(append=S),
     "python scripts/eval.py ckpt_path=<caption ckpt>": Spec(
         append=("++trainer.limit_test_batches=2",), needs=(CAPTION,), expect=("test/bleu4",)),

@@ -42,6 +42,7 @@ def check_config(cfg: DictConfig) -> None:
 
     resolve_num_classes(cfg.get("data"))
     check_values(cfg)
+    check_labels_used(cfg)
     try:
         model_n, data_n = cfg.model.get("num_classes"), cfg.data.get("num_classes")
     except MissingMandatoryValue as e:
@@ -51,6 +52,19 @@ def check_config(cfg: DictConfig) -> None:
             f"model.num_classes={model_n} does not match data.num_classes={data_n}; "
             f"drop the model.num_classes override (it follows the data) or fix data.num_classes"
         )
+
+
+def check_labels_used(cfg: DictConfig) -> None:
+    """``data.labels=none`` (images without labels: one class) trains only a module that needs no labels
+    (module=mae); a classifier on it would fit a constant and report 100% accuracy."""
+    data, module = cfg.get("data"), cfg.get("module")
+    if not isinstance(data, DictConfig) or data.get("labels") != "none" or not isinstance(module, DictConfig):
+        return
+    target = str(module.get("_target_", ""))
+    if not target.endswith("MAEModule"):
+        raise ConfigError(f"data.labels=none reads the images without labels (one class), which module "
+                          f"{target.rsplit('.', 1)[-1] or '?'} cannot learn from; pre-train on them with module=mae, "
+                          f"or put the images in class folders and use data.labels=folders")
 
 
 def check_device(cfg: DictConfig) -> None:

@@ -48,6 +48,15 @@ class MAEModule(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         check_policy(nonfinite)
         if isinstance(mask_ratio, bool) or not isinstance(mask_ratio, (int, float)) or not 0 <= mask_ratio < 1:
             raise ValueError(f"module.mask_ratio={mask_ratio!r}: expected a fraction in [0, 1) (the paper's 0.75)")
+        grid = getattr(net, "grid_size", None)
+        if grid is not None:  # the loss is a mean over the masked patches: it needs one, and the encoder one kept
+            patches = int(grid[0]) * int(grid[1])
+            keep = int(patches * (1 - mask_ratio))
+            if not 1 <= keep < patches:
+                raise ValueError(
+                    f"module.mask_ratio={mask_ratio!r} keeps {keep} of the {patches} patches: training needs at "
+                    f"least one masked (the loss is over masked patches only) and one kept; valid: a ratio above 0 "
+                    f"that keeps int({patches} x (1 - ratio)) >= 1 patches, e.g. the paper's 0.75")
         self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"], logger=False)
         self.net = net
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler

@@ -92,6 +92,9 @@ def command_line_mistake(conf: Path, config_name: str, argv: list[str]) -> str |
             return _unknown_key_message(key, cfg)
         except Exception:  # noqa: BLE001 - not a mistake this check knows: Hydra reports it as before
             return None
+    mistake = _search_space_mistake(cfg)
+    if mistake:
+        return mistake
     try:
         check_wandb_login(cfg)
     except ConfigError as e:
@@ -99,6 +102,37 @@ def command_line_mistake(conf: Path, config_name: str, argv: list[str]) -> str |
     except Exception:  # noqa: BLE001 - a value that needs the run to resolve: train() checks again
         pass
     return None
+
+
+def _search_space_mistake(cfg: DictConfig) -> str | None:
+    """A search space (``hydra.sweeper.params``, Optuna's) naming a key this config lacks: Hydra would
+    stop at the first trial with "Could not override". ``+key`` / ``++key`` add keys and pass."""
+    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None)
+    if not isinstance(params, DictConfig):
+        return None
+    for name in params.keys():
+        key = str(name).split("@")[0]
+        if key.startswith(("+", "~")) or _has_key(cfg, key):
+            continue
+        choices = OmegaConf.select(cfg, "hydra.runtime.choices", default={}) or {}
+        search = choices.get("hparams_search")
+        hint = ""
+        if str(OmegaConf.select(cfg, "module._target_", default="")).endswith("MAEModule") and search != "optuna_mae":
+            hint = "; an MAE pre-training is searched with hparams_search=optuna_mae"
+        where = f"hparams_search={search}" if search else "hydra.sweeper.params"
+        return f"{where} searches {key}, which this config lacks: {_unknown_key_message(key, cfg)}{hint}"
+    return None
+
+
+def _has_key(cfg: DictConfig, key: str) -> bool:
+    """``a.b.c`` is a key of ``cfg`` (a config group's name counts), nothing resolved."""
+    node = cfg
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or part not in node.keys():
+            return False
+        leaf = OmegaConf.is_interpolation(node, part) or OmegaConf.is_missing(node, part)
+        node = None if leaf else node[part]
+    return True
 
 
 def _first_job(overrides: list[str]) -> list[str] | None:
