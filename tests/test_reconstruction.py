@@ -68,3 +68,16 @@ def test_callback_writes_the_newest_and_one_png_per_draw(tmp_path):
     assert written == ["epoch_000.png", "epoch_002.png"]  # every 2nd epoch
     with Image.open(tmp_path / "report" / "reconstruction.png") as im:
         assert im.size == (800, 600)  # 4 panels x 3 rows of 2 in at 100 dpi
+
+
+def test_loss_curves_of_a_run_without_accuracy_have_the_loss_panel_alone():
+    """An MAE's history.csv has losses only: one panel, half the width, not an empty accuracy axis."""
+    from vitpipe.report.figures import CURVES_SIZE, curves_figure
+
+    losses = [{"epoch": e, "train/loss": 1.0 / (e + 1), "val/loss": 1.2 / (e + 1)} for e in range(3)]
+    fig = curves_figure(losses)
+    assert [ax.get_title() for ax in fig.axes] == ["Loss"] and len(fig.axes[0].lines) == 2
+    assert tuple(fig.get_size_inches()) == (CURVES_SIZE[0] / 2, CURVES_SIZE[1])
+    both = curves_figure([{**r, "val/acc": 0.5} for r in losses])
+    assert [ax.get_title() for ax in both.axes] == ["Loss", "Accuracy"]
+    assert tuple(both.get_size_inches()) == tuple(CURVES_SIZE)

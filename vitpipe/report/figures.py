@@ -83,10 +83,14 @@ CURVES_SIZE = (11.0, 4.0)
 
 
 def curves_figure(history: list[dict[str, float]]) -> Figure:
-    """Loss and accuracy per epoch, train and val, from history.csv rows."""
-    fig = Figure(figsize=CURVES_SIZE, dpi=DPI, layout="constrained")
-    axes = fig.subplots(1, 2)
-    for ax, what in zip(axes, ("loss", "acc")):
+    """Loss and accuracy per epoch, train and val, from history.csv rows; a run without accuracy (an
+    MAE pre-training) gets the loss panel alone."""
+    shown = [what for what in ("loss", "acc") if any(f"{split}/{what}" in r for r in history for split in ("train", "val"))]
+    shown = shown or ["loss"]
+    width, height = CURVES_SIZE
+    fig = Figure(figsize=(width * len(shown) / 2, height), dpi=DPI, layout="constrained")
+    axes = fig.subplots(1, len(shown), squeeze=False)[0]
+    for ax, what in zip(axes, shown):
         for split, style in (("train", "-o"), ("val", "-s")):
             key = f"{split}/{what}"
             pts = [(r["epoch"], r[key]) for r in history if key in r]
