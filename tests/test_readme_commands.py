@@ -77,6 +77,19 @@ SPECS: dict[str, Spec] = {
         append=SB, needs=(MAE_FMNIST,), time_of=MAE_FMNIST, needs_fmnist=True, expect=("test/acc",)),
     f"{TRAIN} experiment=mae_fmnist_probe model.pretrained=logs/mae_fmnist/runs/<time>": Spec(
         append=SB, needs=(MAE_FMNIST,), time_of=MAE_FMNIST, needs_fmnist=True, expect=("test/acc",)),
+    # docs/mae.md's measured table: sweeps over the MAE run and from scratch, 3 seeds
+    f"{TRAIN} -m experiment=mae_fmnist_finetune model.pretrained=logs/mae_fmnist/runs/<time>,null "
+    "data.train_per_class=60,600 seed=0,1,2": Spec(
+        append=SB, needs=(MAE_FMNIST,), time_of=MAE_FMNIST, needs_fmnist=True, expect=("sweep summary of 12 job(s)",)),
+    f"{TRAIN} -m experiment=mae_fmnist_probe model.pretrained=logs/mae_fmnist/runs/<time> "
+    "data.train_per_class=60,600 seed=0,1,2": Spec(
+        append=SB, needs=(MAE_FMNIST,), time_of=MAE_FMNIST, needs_fmnist=True, expect=("sweep summary of 6 job(s)",)),
+    f"{TRAIN} -m experiment=mae_fmnist_finetune model.pretrained=logs/mae_fmnist/runs/<time>,null "
+    "data.train_per_class=60 trainer.max_epochs=100 trainer.check_val_every_n_epoch=10 seed=0,1,2": Spec(
+        append=SB, needs=(MAE_FMNIST,), time_of=MAE_FMNIST, needs_fmnist=True, expect=("sweep summary of 6 job(s)",)),
+    f"{TRAIN} -m experiment=mae_fmnist_probe model.pretrained=logs/mae_fmnist/runs/<time> "
+    "data.train_per_class=60 trainer.max_epochs=100 trainer.check_val_every_n_epoch=10 seed=0,1,2": Spec(
+        append=SB, needs=(MAE_FMNIST,), time_of=MAE_FMNIST, needs_fmnist=True, expect=("sweep summary of 3 job(s)",)),
     "python scripts/benchmark.py --variant vit_ti4 --only mae --batch-size 64 --steps 10 --warmup 3 --repeats 5": Spec(
         append=("--batch-size", "4", "--steps", "1", "--warmup", "1", "--repeats", "1"),
         expect=("mae_step vitpipe/reference",)),

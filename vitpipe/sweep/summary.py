@@ -45,7 +45,7 @@ def collect_jobs(sweep_dir: str | Path) -> list[dict]:
             row[key.lstrip("+~")] = value
         metrics_file = job / "metrics.json"
         if metrics_file.is_file():
-            row.update(json.loads(metrics_file.read_text()))
+            row.update({k: v for k, v in json.loads(metrics_file.read_text()).items() if not _bookkeeping(k)})
             row["status"] = "done"
         elif (job / SLURM_STATE).is_file():  # written by vitpipe's SLURM launcher: CANCELLED, TIMEOUT, ...
             row["status"] = (job / SLURM_STATE).read_text().strip().lower() or "incomplete"
@@ -53,6 +53,13 @@ def collect_jobs(sweep_dir: str | Path) -> list[dict]:
             row["status"] = "incomplete"
         rows.append(row)
     return rows
+
+
+def _bookkeeping(metric: str) -> bool:
+    """metrics.json keys that are not results: the final learning rates (LearningRateMonitor's
+    ``lr-AdamW``, ``lr-AdamW/pg3`` per layer-decay group) and Lightning's ``_step``/``_epoch`` copies
+    of a metric logged both ways (``train/loss`` holds it)."""
+    return metric.startswith("lr-") or metric.endswith(("_step", "_epoch"))
 
 
 def split_columns(rows: list[dict]) -> tuple[list[str], list[str], list[str]]:
