@@ -8,9 +8,17 @@ Besides images, ``forward`` takes timm ``NaFlexVit``'s patch dict (``vitpipe.nn.
 at their own aspect and size, as flattened patches with their (row, col) and a validity mask.
 The same weights embed them (the patchify conv as a linear map), positions come from each token's
 coordinates on its own image's grid, padding is masked out of attention and of mean pooling.
+
+FlexiViT (Beyer et al. 2023): with ``flexi_patch_sizes`` each training forward cuts its batch at a
+size drawn uniformly from the list (torch's global generator, which vitpipe's checkpoints restore,
+so a resumed run draws the same sizes); the patch kernel is PI-resized to it (``nn.patch_embed``) and
+the positions resampled to its grid. In eval mode the model embeds at ``patch_size`` or at the size
+``set_patch_size`` chose, any that divides ``img_size``. The parameters stay at ``patch_size``.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor, nn
@@ -18,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vitpipe.nn.blocks import EncoderBlock
 from vitpipe.nn.naflex import check_batch, grid_sizes
-from vitpipe.nn.patch_embed import STEMS
+from vitpipe.nn.patch_embed import STEMS, to_2tuple
 from vitpipe.nn.pos_embed import RoPE2D, build_pos_embed
 
 POOLS = ("cls", "mean")
@@ -34,6 +42,9 @@ class ViT(nn.Module):
     ``head_dist``: ``forward_heads`` returns both heads' logits (training on labels and teacher),
     ``forward`` their mean (Touvron et al. 2021, "Training data-efficient image transformers").
     ``stem="conv"`` replaces the patchify conv with a small conv stem (Xiao et al. 2021).
+    ``flexi_patch_sizes`` trains at random patch sizes (FlexiViT, module docstring); ``set_patch_size``
+    picks the eval-time one. ``pos_embed_ar_preserving``: how learned tables are resampled for a patch
+    dict's grids (``vitpipe.nn.pos_embed``; timm NaFlexVit's ``pos_embed_ar_preserving``).
     """
 
     def __init__(
@@ -60,6 +71,8 @@ class ViT(nn.Module):
         drop_path_rate: float = 0.0,
         init_values: float | None = None,
         grad_checkpointing: bool = False,
+        flexi_patch_sizes: list[int] | None = None,
+        pos_embed_ar_preserving: bool = True,
     ) -> None:
         super().__init__()
         # pos_embed and num_heads are checked where they are used: build_pos_embed, MultiHeadAttention
@@ -74,6 +87,9 @@ class ViT(nn.Module):
 
         self.patch_embed = STEMS[stem](img_size, patch_size, in_chans, dim)
         self.img_size, self.patch_size = self.patch_embed.img_size, self.patch_embed.patch_size
+        self.stem = stem
+        self.flexi_patch_sizes = self._check_flexi(flexi_patch_sizes, stem)
+        self._eval_patch_size: tuple[int, int] | None = None  # set_patch_size; None: patch_size
         self.grid_size = self.patch_embed.grid_size
         self.in_chans, self.num_classes, self.dim, self.pool = in_chans, num_classes, dim, pool
         self.class_token = class_token
@@ -84,6 +100,10 @@ class ViT(nn.Module):
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, dim)) if reg_tokens else None
         self.pos_embed = build_pos_embed(pos_embed, dim=dim, grid_size=self.grid_size, num_heads=num_heads,
                                          num_prefix_tokens=self.num_prefix_tokens)
+        if not isinstance(pos_embed_ar_preserving, bool):
+            raise TypeError(f"pos_embed_ar_preserving={pos_embed_ar_preserving!r}; use true or false")
+        if hasattr(self.pos_embed, "ar_preserving"):  # the learned tables' patch-dict resampling rule
+            self.pos_embed.ar_preserving = pos_embed_ar_preserving
         self.pos_drop = nn.Dropout(drop_rate)
 
         # stochastic depth grows linearly with depth (Huang et al. 2016; DeiT)
@@ -114,6 +134,60 @@ class ViT(nn.Module):
         if self.dist_token is not None:
             nn.init.trunc_normal_(self.dist_token, std=0.02)  # timm's VisionTransformerDistilled
 
+    def _valid_patch_sizes(self) -> str:
+        H, W = self.img_size
+        return ", ".join(str(d) for d in range(1, math.gcd(H, W) + 1) if H % d == 0 and W % d == 0)
+
+    def _check_flexi(self, sizes, stem: str) -> tuple[int, ...] | None:
+        """FlexiViT's patch-size list: positive ints dividing img_size, for the patchify stem."""
+        if sizes is None:
+            return None
+        H, W = self.img_size
+        if isinstance(sizes, (int, str)) or not sizes or \
+                not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes):
+            raise ValueError(f"flexi_patch_sizes={sizes!r}; use null or a list of patch sizes dividing img_size "
+                             f"{H}x{W}: {self._valid_patch_sizes()}")
+        if stem != "patch":
+            raise ValueError(f"flexi_patch_sizes needs stem='patch' (the conv stem cannot change its patch), got stem={stem!r}")
+        for s in sizes:
+            if H % s or W % s:
+                raise ValueError(f"flexi_patch_sizes: {s} does not divide img_size {H}x{W}; valid patch sizes: "
+                                 f"{self._valid_patch_sizes()}")
+        return tuple(int(s) for s in sizes)
+
+    def set_patch_size(self, patch_size: int | tuple[int, int] | None) -> None:
+        """Embed at ``patch_size`` in eval mode (and in training without ``flexi_patch_sizes``), the
+        kernel PI-resized to it; None goes back to the built ``patch_size``. The weights do not change."""
+        if patch_size is None:
+            self._eval_patch_size = None
+            return
+        H, W = self.img_size
+        try:
+            size = to_2tuple(patch_size)
+        except (TypeError, ValueError):
+            size = None
+        if size is None or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size) \
+                or H % size[0] or W % size[1]:
+            raise ValueError(f"patch size {patch_size!r} does not divide img_size {H}x{W}; valid patch sizes: "
+                             f"{self._valid_patch_sizes()}")
+        if size != self.patch_size and self.stem != "patch":
+            raise ValueError(f"stem='conv' embeds at its built patch {self.patch_size[0]} only, got patch size "
+                             f"{patch_size!r}; use stem='patch' for other patch sizes (FlexiViT)")
+        self._eval_patch_size = None if size == self.patch_size else size
+
+    @property
+    def current_patch_size(self) -> tuple[int, int]:
+        """The patch size an eval-mode forward embeds at (``set_patch_size``, else ``patch_size``)."""
+        return self._eval_patch_size or self.patch_size
+
+    def _draw_patch_size(self) -> tuple[int, int] | None:
+        """This forward's patch size: FlexiViT's uniform draw in training (the paper's schedule), else
+        the eval-time one (None: the built size, the stored kernel as is)."""
+        if self.training and self.flexi_patch_sizes:
+            i = int(torch.randint(len(self.flexi_patch_sizes), ()).item())  # torch's global generator
+            return to_2tuple(self.flexi_patch_sizes[i])
+        return self._eval_patch_size
+
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute block activations in backward: memory for compute (Chen et al. 2016)."""
         self.grad_checkpointing = enable
@@ -141,7 +215,7 @@ class ViT(nn.Module):
         return self.head if self.head_dist is None else nn.ModuleList([self.head, self.head_dist])
 
     def _embed(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
-        x, grid = self.patch_embed(x)  # (B, h*w, dim)
+        x, grid = self.patch_embed(x, self._draw_patch_size())  # (B, h*w, dim): grid of this patch size
         tokens = (self.cls_token, self.dist_token, self.reg_token)
         prefix = [t.expand(x.shape[0], -1, -1) for t in tokens if t is not None]
         x = torch.cat([*prefix, x], dim=1)  # (B, P + h*w, dim)

@@ -1,8 +1,16 @@
 """Conv patch stem: image (B, C, H, W) -> tokens (B, h*w, dim), any H x W divisible by the patch;
-or flattened patches (B, N, p*q*C) -> tokens (B, N, dim) with the same weights (``embed_patches``)."""
+or flattened patches (B, N, p*q*C) -> tokens (B, N, dim) with the same weights (``embed_patches``).
+
+FlexiViT (Beyer et al. 2023, "FlexiViT: One Model for All Patch Sizes"): ``forward(x, patch_size=s)``
+embeds at another patch size with the stored kernel PI-resized to s x s on the fly (``pi_resize``);
+the parameters keep their built ``patch_size``, so the state_dict is the same at every size.
+"""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -27,6 +35,42 @@ def grid_for(img_size, patch_size) -> tuple[int, int]:
     return H // p, W // q
 
 
+@lru_cache(maxsize=32)
+def resize_matrix(old: tuple[int, int], new: tuple[int, int], interpolation: str = "bicubic",
+                  antialias: bool = True) -> Tensor:
+    """B (new_h*new_w, old_h*old_w), float64: ``resize(x).flatten() = B @ x.flatten()`` for one
+    channel x (old_h, old_w), the resize being ``F.interpolate`` (align_corners=False), as timm's."""
+    n = old[0] * old[1]
+    basis = torch.eye(n, dtype=torch.float64).reshape(n, 1, *old)  # one image per pixel of the old patch
+    resized = F.interpolate(basis, size=new, mode=interpolation, antialias=antialias, align_corners=False)
+    return resized.reshape(n, new[0] * new[1]).T  # (new_total, old_total): column i = resize of pixel i
+
+
+@lru_cache(maxsize=32)
+def _pinv(old: tuple[int, int], new: tuple[int, int], interpolation: str, antialias: bool) -> Tensor:
+    # w' = pinv(B^T) w as rows: w'^T = w^T pinv(B), since pinv(B^T) = pinv(B)^T; once per size pair, in float64
+    return torch.linalg.pinv(resize_matrix(old, new, interpolation, antialias))  # (old_total, new_total)
+
+
+def pi_resize(weight: Tensor, new_size: int | tuple[int, int], *, interpolation: str = "bicubic",
+              antialias: bool = True) -> Tensor:
+    """PI-resize a patch kernel (D, C, p, q) -> (D, C, p', q') (FlexiViT, section 3.4).
+
+    With B the matrix of the resize from (p, q) to (p', q') (``resize_matrix``), each kernel slice w
+    becomes w' = pinv(B^T) w: the solution of B^T w' = w closest to 0, so <B x, w'> = <x, w> for every
+    patch x when upsampling (B has full column rank), the least-squares fit when downsampling. The
+    same map as timm's ``resample_patch_embed``; differentiable in ``weight`` (the matrix is constant).
+    """
+    old, new = tuple(weight.shape[-2:]), to_2tuple(new_size)
+    if old == new:
+        return weight
+    dtype = torch.promote_types(weight.dtype, torch.float32)  # half kernels resized in float32, as timm's
+    pinv = _pinv(old, new, interpolation, antialias).to(device=weight.device, dtype=dtype)
+    D, C = weight.shape[:2]
+    out = weight.reshape(D, C, -1).to(dtype) @ pinv  # (D, C, p*q) @ (p*q, p'*q') -> (D, C, p'*q')
+    return out.reshape(D, C, *new).to(weight.dtype)
+
+
 class PatchEmbed(nn.Module):
     """Non-overlapping patches projected by one strided conv (Dosovitskiy et al. 2021).
 
@@ -44,12 +88,17 @@ class PatchEmbed(nn.Module):
         """(B, in_chans, H, W) -> (B, dim, H / p, W / q)."""
         return nn.Conv2d(in_chans, dim, kernel_size=self.patch_size, stride=self.patch_size)
 
-    def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
-        """Returns tokens (B, h*w, dim) and the grid (h, w) of this input."""
+    def forward(self, x: Tensor, patch_size: int | tuple[int, int] | None = None) -> tuple[Tensor, tuple[int, int]]:
+        """Returns tokens (B, h*w, dim) and the grid (h, w) of this input, cut into ``patch_size``
+        patches (None: the built size; another size: the kernel PI-resized to it, ``pi_resize``)."""
         if x.ndim != 4 or x.shape[1] != self.in_chans:
             raise ValueError(f"expected images (B, {self.in_chans}, H, W), got shape {tuple(x.shape)}")
-        grid = grid_for(x.shape[-2:], self.patch_size)
-        x = self.proj(x)  # (B, dim, h, w)
+        size = self.patch_size if patch_size is None else to_2tuple(patch_size)
+        grid = grid_for(x.shape[-2:], size)
+        if size == self.patch_size:
+            x = self.proj(x)  # (B, dim, h, w)
+        else:
+            x = F.conv2d(x, pi_resize(self.proj.weight, size), self.proj.bias, stride=size)  # (B, dim, h, w)
         return x.flatten(2).transpose(1, 2), grid  # (B, h*w, dim)
 
     @property
@@ -86,6 +135,12 @@ class ConvStem(PatchEmbed):
             layers += [nn.Conv2d(c, w, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU(inplace=True)]
             c = w
         return nn.Sequential(*layers, nn.Conv2d(c, dim, kernel_size=1))
+
+    def forward(self, x: Tensor, patch_size: int | tuple[int, int] | None = None) -> tuple[Tensor, tuple[int, int]]:
+        if patch_size is not None and to_2tuple(patch_size) != self.patch_size:
+            raise ValueError(f"stem='conv' embeds at its built patch {self.patch_size[0]} only, got patch size "
+                             f"{patch_size}; use stem='patch' for other patch sizes (FlexiViT)")
+        return super().forward(x)
 
     def embed_patches(self, patches: Tensor) -> Tensor:
         raise ValueError("stem='conv' sees across patch borders, so it cannot embed a patch dict's separate "
