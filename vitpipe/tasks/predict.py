@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from vitpipe.data.images import is_image_file, open_image
-from vitpipe.data.preprocess import Preprocess
+from vitpipe.data.preprocess import Preprocess, hflip_patches, naflex_settings
 from vitpipe.errors import ConfigError
 from vitpipe.report.tta import TTAS, tta_logits
 from vitpipe.run.files import atomic_write_text
@@ -82,11 +82,28 @@ class ImageFiles(Dataset):
             return i, None, (str(err).splitlines() or [type(err).__name__])[0]
 
 
-def _collate(items):
-    ok = [(i, x) for i, x, _ in items if x is not None]
-    bad = [(i, why) for i, x, why in items if x is None]
-    x = torch.stack([x for _, x in ok]) if ok else None  # (B, C, H, W)
-    return [i for i, _ in ok], x, bad
+class Collate:
+    """Good items stacked with ``stack`` (``torch.stack`` for images, ``pad_batch`` for NaFlex patch dicts);
+    bad ones listed. A class, not a closure, so DataLoader workers can pickle it."""
+
+    def __init__(self, stack=torch.stack) -> None:
+        self.stack = stack
+
+    def __call__(self, items):
+        ok = [(i, x) for i, x, _ in items if x is not None]
+        bad = [(i, why) for i, x, why in items if x is None]
+        x = self.stack([x for _, x in ok]) if ok else None  # (B, C, H, W) or a padded patch dict
+        return [i for i, _ in ok], x, bad
+
+
+
+def to_device(x, device):
+    """A tensor or a patch dict of tensors on ``device``."""
+    return {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
+
+
+def batch_len(x) -> int:
+    return len(x["patches"]) if isinstance(x, dict) else x.shape[0]
 
 
 # --------------------------------------------------------------------------- the model side
@@ -94,13 +111,15 @@ def _collate(items):
 
 def class_probs(net, x: Tensor, *, tta: str = "none", temperature: float | None = None) -> Tensor:
     """Softmax probabilities (B, classes) of a classifier: logits -> TTA -> temperature (Guo et al. 2017)
-    -> softmax, eval's composition (``vitpipe.report.tta.tta_logits``)."""
+    -> softmax, eval's composition (``vitpipe.report.tta.tta_logits``). ``x``: images (B, C, H, W) or a
+    NaFlex patch dict (mirrored per image on its own grid for ``tta=hflip``)."""
     logits = net(x)
-    if not (isinstance(logits, Tensor) and logits.ndim == 2 and logits.shape[0] == x.shape[0]):
+    if not (isinstance(logits, Tensor) and logits.ndim == 2 and logits.shape[0] == batch_len(x)):
         what = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ConfigError(f"predict: {type(net).__name__} returns {what}, not logits (B, classes); "
                           "predict handles classifiers and captioners")
-    return tta_logits(logits, lambda: net(x.flip(-1)), tta=tta, temperature=temperature).float().softmax(dim=-1)
+    flipped = (lambda: net(hflip_patches(x, net.patch_size))) if isinstance(x, dict) else (lambda: net(x.flip(-1)))
+    return tta_logits(logits, flipped, tta=tta, temperature=temperature).float().softmax(dim=-1)
 
 
 def class_rows(paths: list[str], probs: Tensor, names: list[str], topk: int) -> list[dict]:
@@ -219,10 +238,13 @@ def predict(cfg: DictConfig) -> Path:
     warning = unseen_flip_warning(checkpoint.get("vitpipe_config"), cfg.tta)
     if warning:  # the same averaging as eval's tta=hflip, the same loss on a network that never saw a flip
         print(f"vitpipe: warning: {warning}", file=sys.stderr, flush=True)
-    preprocess = Preprocess(built.datamodule, net.encoder if captioner else net)
+    naflex = naflex_settings(checkpoint.get("vitpipe_config"))
+    if naflex is not None and captioner:
+        raise ConfigError("data.naflex is set on a captioner checkpoint; NaFlex prediction supports classifiers")
+    preprocess = Preprocess(built.datamodule, net.encoder if captioner else net, naflex=naflex)
     temperature = None if captioner else calibration_temperature(path, checkpoint, tta=cfg.tta)
     loader = DataLoader(ImageFiles(files, preprocess), batch_size=cfg.batch_size, num_workers=cfg.num_workers,
-                        collate_fn=_collate)
+                        collate_fn=Collate(preprocess.collate))
 
     rows, bad, names = [], 0, None
     if captioner:
@@ -234,7 +256,7 @@ def predict(cfg: DictConfig) -> Path:
             bad += len(failed)
             if x is None:
                 continue
-            x, paths = x.to(device), [str(files[i]) for i in indices]
+            x, paths = to_device(x, device), [str(files[i]) for i in indices]
             if captioner:
                 ids = net.generate(x, max_len=hp.max_gen_len, beam_size=hp.beam_size, length_penalty=hp.length_penalty)
                 rows += [{"path": p, "caption": c} for p, c in zip(paths, tokenizer.batch_decode(ids))]
