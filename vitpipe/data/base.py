@@ -29,6 +29,14 @@ from vitpipe.data.fast import (
     random_resized_crop,
     to_model_input,
 )
+from vitpipe.data.naflex import (
+    NaFlexConfig,
+    NaFlexImageDataset,
+    NaFlexInput,
+    NaFlexTensorDataset,
+    TokenBudgetBatchSampler,
+    naflex_collate,
+)
 from vitpipe.data.repeated import RepeatedAugSampler
 from vitpipe.data.resume import ResumeState, loader_generator
 from vitpipe.data.sampler import ShardedSampler, rank_layout
@@ -99,6 +107,9 @@ class ClassificationDataModule(L.LightningDataModule):
         mean, std: normalisation per native channel (default: the data set's statistics).
         classes, train_per_class: keep only these classes (relabelled 0..k-1 in this order) and
             only that many training images of each (vitpipe.data.subset; fast path only).
+        naflex: ``{enabled, seq_lens, max_seq_len, tokens_per_batch, loss_scale, patch_size}``: batches of
+            patch dicts at each image's own aspect, to a token budget (vitpipe.data.naflex); off: None
+            or ``enabled: false``.
     """
 
     has_val_split = False  # True: _load("val") may return the data set's own validation split
@@ -133,6 +144,7 @@ class ClassificationDataModule(L.LightningDataModule):
         std: Sequence[float] | None = None,
         classes: Sequence[int] | None = None,
         train_per_class: int | None = None,
+        naflex: dict | None = None,
     ):
         super().__init__()
         self.info = info
@@ -212,6 +224,17 @@ class ClassificationDataModule(L.LightningDataModule):
                 f"data.auto_augment={auto_augment!r} is per-image PIL augmentation: it needs data.fast_path=false"
             )
 
+        self.naflex = NaFlexConfig.from_cfg(naflex, self.batch_size)
+        if self.naflex is not None:
+            clash = [f"data.{k}={v!r}" for k, v, bad in (
+                ("sampler", sampler, sampler != "default"), ("repeated_aug", repeated_aug, repeated_aug != 1),
+                ("augment", augment, augment == MAE_AUGMENT), ("random_erasing", random_erasing, bool(random_erasing)),
+                ("auto_augment", auto_augment, bool(auto_augment))) if bad]
+            if clash:
+                raise ConfigError(f"data.naflex.enabled=true plans its own batches and augments by a flip alone: "
+                                  f"it cannot take {', '.join(clash)}")
+            self.naflex_input = NaFlexInput(self.naflex.patch_size, self.mean, self.std, self.in_chans)
+
         # Label index -> name; set here when static, else by check()/setup() once the files are read.
         self.class_names: list[str] | None = None if info.class_names is None else list(info.class_names)
         self._selected_names: list[str] | None = None  # class_names after data.classes picked from them
@@ -274,6 +297,8 @@ class ClassificationDataModule(L.LightningDataModule):
         """
         if not self.fast_path:
             return batch
+        if self.naflex is not None:
+            return self.naflex_input.batch(*batch)
         x, y = batch
         train = self.trainer is None or self.trainer.training
         return self.augment_batch(x, train), y
@@ -344,6 +369,8 @@ class ClassificationDataModule(L.LightningDataModule):
     def _prepare(self, ds: Dataset, indices: Tensor | None, *, train: bool) -> Dataset:
         """Fast path: the (sub)split as one tensor. Standard: the data set behind a transform."""
         if not self.fast_path:
+            if self.naflex is not None:
+                return NaFlexImageDataset(ds, indices, self.naflex_input, self.naflex.max_seq_len)
             return TransformedSubset(ds, indices, self.transform(train))
         images, labels = self._as_tensors(ds)
         if images.shape[1] != self.channels:
@@ -357,6 +384,8 @@ class ClassificationDataModule(L.LightningDataModule):
             raise ConfigError(
                 f"{self.info.name} has labels up to {int(labels.max())}, more than data.num_classes={self.num_classes}"
             )
+        if self.naflex is not None:
+            return NaFlexTensorDataset(images, labels, self.naflex.max_seq_len)
         return TensorImageDataset(images, labels)
 
     def _sampler(self, ds: Dataset, *, train: bool, world: int, rank: int) -> ShardedSampler:
@@ -369,7 +398,32 @@ class ClassificationDataModule(L.LightningDataModule):
         return ShardedSampler(len(ds), num_replicas=world, rank=rank, shuffle=train and self.shuffle,
                               seed=self.seed, pad=train)  # fmt: skip
 
+    def _naflex_loader(self, ds: Dataset, *, train: bool) -> DataLoader:
+        """Token-budget training batches, evaluation at max_seq_len each image once (vitpipe.data.naflex)."""
+        world, rank = rank_layout(self.trainer)
+        if train:
+            sampler = TokenBudgetBatchSampler(len(ds), seq_lens=self.naflex.seq_lens,
+                                              tokens_per_batch=self.naflex.tokens_per_batch, num_replicas=world,
+                                              rank=rank, shuffle=self.shuffle, seed=self.seed,
+                                              hflip=bool(self.augment) and self.hflip)  # fmt: skip
+            sampler.set_epoch(self.resume.epoch)
+            sampler.skip = self.resume.take_offset(1)  # in batches
+            kwargs = {"batch_sampler": sampler}
+            generator = self.resume.loader_generator(rank)
+        else:
+            kwargs = {"batch_size": self.eval_batch_size,
+                      "sampler": ShardedSampler(len(ds), num_replicas=world, rank=rank, shuffle=False, pad=False)}
+            generator = loader_generator(self.seed, rank)
+        if self.fast_path:
+            return DataLoader(ds, collate_fn=identity_collate, pin_memory=self.pin_memory, generator=generator,
+                              **kwargs)  # fmt: skip
+        workers = resolve_num_workers(self.num_workers, local_world_size(self.trainer))
+        return DataLoader(ds, collate_fn=naflex_collate, num_workers=workers, persistent_workers=workers > 0,
+                          pin_memory=self.pin_memory, generator=generator, **kwargs)  # fmt: skip
+
     def _loader(self, ds: Dataset, *, train: bool) -> DataLoader:
+        if self.naflex is not None:
+            return self._naflex_loader(ds, train=train)
         batch_size = self.batch_size if train else self.eval_batch_size
         world, rank = rank_layout(self.trainer)
         sampler = self._sampler(ds, train=train, world=world, rank=rank)

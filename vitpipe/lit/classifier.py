@@ -18,6 +18,8 @@ from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from vitpipe.data.naflex import loss_scale
+from vitpipe.errors import ConfigError
 from vitpipe.lit.distill import check_distill, combine, load_teacher, teacher_input
 from vitpipe.lit.finetune import FineTuning, add_probe_bn, check_finetune
 from vitpipe.lit.nonfinite import NonFiniteGuard, NonFiniteLossError, check_policy
@@ -94,6 +96,7 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
 
             self.ema = ModelEmaV3(net, decay=ema_decay)  # a deep copy, made before any compile
         self.skipped_batches = 0
+        self.naflex = None  # the data module's NaFlexConfig when it feeds patch dicts (setup("fit"))
 
         def accuracies():
             return MetricCollection({"acc": MulticlassAccuracy(n, top_k=1, average="micro"),
@@ -124,6 +127,12 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
             self.net.compile()
 
     def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        self.naflex = getattr(datamodule, "naflex", None)
+        if stage == "fit" and self.naflex is not None and (self.mixup is not None or self.distill is not None):
+            what = "module.mixup" if self.mixup is not None else "module.distill.teacher"
+            raise ConfigError(f"data.naflex.enabled=true feeds patch dicts: {what} needs whole images; "
+                              f"set {what}=null or data.naflex.enabled=false")
         if stage == "fit" and self.distill is not None and self.teacher is None:
             d = self.distill
             teacher = load_teacher(d["teacher"], num_classes=self.net.num_classes,
@@ -145,6 +154,14 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
 
     def training_step(self, batch, batch_idx: int):
         x, y = batch
+        if isinstance(x, dict):  # NaFlex patch dicts (vitpipe.data.naflex): no mixup/distillation (refused)
+            logits = self.net(x)
+            loss = F.cross_entropy(logits, y, weight=self.class_weight, label_smoothing=self.hparams.label_smoothing)
+            if self.naflex is not None:  # timm's --naflex-loss-scale: the batch's share of the token budget
+                loss = loss * loss_scale(len(y), self.naflex.batch_size, self.naflex.loss_scale)
+            self.train_acc(logits, y)
+            self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, batch_size=len(y))
+            return self.finish_training_step(loss, batch_idx)
         mixed = self.mixup is not None and x.shape[0] % 2 == 0  # timm's Mixup needs an even batch
         if mixed:
             x, soft = self.mixup(x, y)
@@ -188,7 +205,8 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         logits = self.eval_net(x)
         loss_metric(F.cross_entropy(logits, y), weight=len(y))  # per image: the last batch is often smaller
         metrics.update(logits, y)
-        self.log(f"{prefix}/loss", loss_metric, on_step=False, on_epoch=True, prog_bar=prefix == "val")
+        self.log(f"{prefix}/loss", loss_metric, on_step=False, on_epoch=True, prog_bar=prefix == "val",
+                 batch_size=len(y))
         return logits
 
     def validation_step(self, batch, batch_idx: int) -> None:
