@@ -161,3 +161,30 @@ def test_predict_hflip_on_patch_dicts(ckpt):
     flipped = hflip_patches(pad_batch(items), net.patch_size)
     with torch.no_grad():
         assert (net(flipped)[0] - net(pad_batch([mirrored]))[0]).abs().max() < 1e-5
+
+
+# --------------------------------------------------------------------------- rollout
+
+
+@pytest.mark.parametrize("pool", ["mean", "cls"])
+def test_rollout_per_image_grid_ignores_padding(pool, tmp_path):
+    from vitpipe.viz.rollout import attention_rollout, naflex_rollout_for_model
+
+    net, pre = rebuilt(naflex_checkpoint(tmp_path, pool=pool))
+    rng = np.random.default_rng(7)
+    short = pre(Image.fromarray(rng.integers(0, 255, (8, 20), dtype=np.uint8), "L"))
+    long_ = pre(Image.fromarray(rng.integers(0, 255, (16, 12), dtype=np.uint8), "L"))
+    assert len(short["patches"]) < len(long_["patches"])
+    alone = naflex_rollout_for_model(net, pad_batch([short]))[0]
+    batched = naflex_rollout_for_model(net, pad_batch([short, long_]))
+    gh, gw = (short["patch_coord"].amax(0) + 1).tolist()
+    assert alone.shape == (gh, gw) and gh != gw  # the image's own, non-square grid
+    assert batched[0].shape == (gh, gw) and batched[1].shape == tuple((long_["patch_coord"].amax(0) + 1).tolist())
+    assert torch.allclose(batched[0], alone, atol=1e-6)
+    assert alone.std() > 0  # a real map, not a constant
+    # and the map of the image alone is the plain rollout on that grid (no padding to drop)
+    with torch.no_grad():
+        _, att = net.forward_features(pad_batch([short]), return_attn=True)
+    plain = attention_rollout(att, num_prefix_tokens=net.num_prefix_tokens, grid_size=(gh, gw),
+                              query="cls" if pool == "cls" else "mean")[0]
+    assert torch.allclose(alone, plain, atol=1e-6)

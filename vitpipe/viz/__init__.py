@@ -8,6 +8,8 @@ from vitpipe.viz.rollout import (
     attention_rollout,
     cross_attention_maps,
     gradient_rollout,
+    naflex_rollout,
+    naflex_rollout_for_model,
     rollout_for_model,
 )
 
@@ -18,6 +20,8 @@ __all__ = [
     "cross_attention_maps",
     "gradient_rollout",
     "load_from_checkpoint",
+    "naflex_rollout",
+    "naflex_rollout_for_model",
     "overlay",
     "overlay_grid",
     "rollout_for_model",

@@ -315,6 +315,44 @@ def rollout_for_model(
     return attention_rollout(attentions, num_prefix_tokens=prefix, grid_size=grid, query=query, **kw)
 
 
+def naflex_rollout(
+    attentions: Sequence[Tensor], batch: dict, *, num_prefix_tokens: int = 1, query: str | None = None, **kw
+) -> list[Tensor]:
+    """``attention_rollout`` of a NaFlex patch-dict batch: one (h_i, w_i) map per image, on its own grid.
+
+    attentions: per-layer (B, heads, P + N, P + N) from ``forward_features(batch, return_attn=True)``;
+    batch: the patch dict (``patch_coord``, ``patch_valid``). Each image keeps its prefix and valid
+    tokens only: padding keys got zero weight (masked), so the rows are the image's own, and the map
+    equals the one of the image alone. Values are placed by ``patch_coord``, whatever the token order.
+    """
+    from vitpipe.nn.naflex import grid_sizes
+
+    _check_attentions(attentions, num_prefix_tokens)
+    coord, valid = batch["patch_coord"].long(), batch["patch_valid"].bool()
+    sizes = grid_sizes(coord * valid[..., None], valid).tolist()  # (B, 2) as lists
+    maps = []
+    for i, (h, w) in enumerate(sizes):
+        keep = valid[i].nonzero().flatten()  # (n_i,) valid patch positions
+        idx = torch.cat([torch.arange(num_prefix_tokens, device=keep.device), keep + num_prefix_tokens])
+        own = [a[i : i + 1][:, :, idx][..., idx] for a in attentions]  # L x (1, heads, P + n_i, P + n_i)
+        flat = attention_rollout(own, num_prefix_tokens=num_prefix_tokens, grid_size=(1, len(keep)), query=query,
+                                 **kw)[0, 0]  # (n_i,) in token order
+        grid = flat.new_zeros(h, w)
+        grid[coord[i, keep, 0], coord[i, keep, 1]] = flat
+        maps.append(grid)  # (h_i, w_i)
+    return maps
+
+
+def naflex_rollout_for_model(model: nn.Module, batch: dict, *, query: str | None = None, **kw) -> list[Tensor]:
+    """``naflex_rollout`` of ``model`` on a patch dict: eval mode, no gradients; the query after ``model.pool``."""
+    prefix = model.num_prefix_tokens
+    if query is None:
+        query = "cls" if getattr(model, "pool", "cls") == "cls" and prefix >= 1 else "mean"
+    with torch.no_grad(), _eval_mode(model):
+        _, attentions = model.forward_features(batch, return_attn=True)
+    return naflex_rollout(attentions, batch, num_prefix_tokens=prefix, query=query, **kw)
+
+
 def _targets(logits: Tensor, target) -> Tensor:
     batch, num_classes = logits.shape
     if target is None:
