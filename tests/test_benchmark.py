@@ -97,6 +97,32 @@ def test_mae_comparison_refuses_a_variant_without_an_mae():
         run(BenchConfig(**TINY), ("mae",))
 
 
+def test_naflex_comparison_times_mixed_aspect_dicts_against_the_fixed_path_and_timm():
+    cfg = BenchConfig(**TINY)
+    batches = BENCH["naflex_batches"](cfg)
+    mixed, seq = batches["mixed"][0], 64  # vit_micro: 32 px / 4 = an 8x8 grid at most
+    valid = mixed["patch_valid"]
+    grids = {tuple(g) for g in ((mixed["patch_coord"] * valid[..., None]).amax(1) + 1).tolist()}
+    assert mixed["patches"].shape[1] == seq and (~valid).any() and len({h / w for h, w in grids}) >= 2
+    assert 4 * seq <= valid.sum() < 5 * seq  # the square batch's 4 x 64 tokens, within one image
+    assert batches["square_dict"][0]["patch_valid"].all()  # square images fill their grid: no padding
+    result = run(cfg, ("naflex",))
+    res = result["results"]["naflex"]
+    assert res["max_abs_logit_diff"] < 1e-5  # vitpipe and timm's NaFlexVit: same weights, same logits
+    assert res["mixed_batch"]["valid_tokens"] == valid.sum() and 0 < res["mixed_batch"]["padding_fraction"] < 1
+    assert set(res["contenders"]) == {"vitpipe_fixed", "vitpipe_dict_sq", "vitpipe_mixed", "timm_mixed"}
+    for name, phases in res["contenders"].items():
+        for phase in ("train", "infer"):
+            s = phases[phase]
+            assert s["timed_steps"] == 2 and s["tokens_s"] == pytest.approx(s["valid_tokens"] / s["step_s"]), name
+    c = res["contenders"]
+    assert res["ratios"]["infer time vitpipe/timm NaFlexVit"] == pytest.approx(
+        c["vitpipe_mixed"]["infer"]["step_s"] / c["timm_mixed"]["infer"]["step_s"])
+    assert len(res["ratios"]) == 10 and all(math.isfinite(v) and v > 0 for v in res["ratios"].values())
+    assert "vitpipe/timm NaFlexVit" in format_table(result) and "% padding" in format_table(result)
+    json.dumps(result)
+
+
 def test_cli_writes_json_and_rejects_bad_names(tmp_path, capsys):
     main = BENCH["main"]
     out = tmp_path / "r.json"
