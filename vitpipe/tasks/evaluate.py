@@ -3,6 +3,10 @@
 The checkpoint is read once (``vitpipe.run.checkpoint``) and its run rebuilt from its stored model,
 data and module config, checked against an allow-list before anything is built. Output
 directories, data roots and the Trainer come from the eval config, never from the checkpoint.
+
+``model_patch_size=<p>``: test the ViT at another patch size than it was built with (FlexiViT,
+Beyer et al. 2023: its patch kernel PI-resized to p x p, positions resampled to the new grid); any p
+dividing the model's img_size runs, a model trained with ``model.flexi_patch_sizes`` does well at those.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import lightning as L
 from omegaconf import DictConfig
 
 from vitpipe.config.build import instantiate_checked
+from vitpipe.errors import ConfigError
+from vitpipe.models.vit import ViT
 from vitpipe.report.evaluation import (
     carve_warning,
     eval_options,
@@ -32,6 +38,7 @@ log = logging.getLogger(__name__)
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True)
     opts = eval_options(cfg)  # split / calibrate / tta checked before anything loads
+    patch_size = model_patch_size(cfg)
     path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best")
     checkpoint = load_checkpoint(path)
     for warning in (unseen_flip_warning(checkpoint.get("vitpipe_config"), opts.tta),
@@ -39,7 +46,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         if warning:
             print(f"vitpipe: warning: {warning}", file=sys.stderr, flush=True)
     run = rebuild(checkpoint, path, data=cfg.get("data"), paths=cfg.paths, task_name=cfg.task_name, need_data=True)
-    log.info("evaluating %s", path)
+    if patch_size is not None:
+        set_patch_size(run.module, patch_size)
+    log.info("evaluating %s%s", path, f" at patch size {patch_size}" if patch_size is not None else "")
     trainer = instantiate_checked(cfg.trainer, "trainer", logger=False, callbacks=report_callbacks(cfg))
     # the weights are in the module already: no ckpt_path, so Lightning does not read the file again;
     # predictions.csv + report/ (and calibration.json with calibrate=true): vitpipe.report.evaluation
@@ -49,3 +58,30 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     write_run_files(run.cfg, metrics)
     print_summary(run.cfg, metrics, trainer)
     return metrics
+
+
+def model_patch_size(cfg: DictConfig) -> int | None:
+    """``model_patch_size`` of an eval config: null or a positive int, checked before anything loads."""
+    p = cfg.get("model_patch_size")
+    if p is None:
+        return None
+    if not isinstance(p, int) or isinstance(p, bool) or p <= 0:
+        raise ConfigError(f"model_patch_size={p!r}; use null (the trained patch size) or a positive integer "
+                          "dividing the model's img_size")
+    if cfg.get("calibrate"):
+        raise ConfigError(f"calibrate=true with model_patch_size={p}: calibration.json is applied by predict at the "
+                          "trained patch size; calibrate without model_patch_size")
+    return p
+
+
+def set_patch_size(module, patch_size: int) -> None:
+    """Every vitpipe ViT in ``module`` (its net, an EMA copy, a captioner's encoder) embeds at ``patch_size``."""
+    vits = [m for m in module.modules() if isinstance(m, ViT)]
+    if not vits:
+        raise ConfigError(f"model_patch_size={patch_size} needs a vitpipe ViT; this checkpoint's network is "
+                          f"{type(getattr(module, 'net', module)).__name__}")
+    for vit in vits:
+        try:
+            vit.set_patch_size(patch_size)
+        except ValueError as e:
+            raise ConfigError(f"model_patch_size={patch_size}: {e}") from None
