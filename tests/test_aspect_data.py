@@ -76,6 +76,15 @@ def test_aspects_classes_and_pixels_match_the_source(aspect_set):
     assert len(train) == COUNTS["train"] and not train & val  # val never repeats a training item
 
 
+def test_squash_writes_the_same_canvases_resized_to_a_square(aspect_set, tmp_path):
+    sq = make_aspect_data(AspectConfig(out=str(tmp_path / "sq"), seed=3, squash=28, **COUNTS), progress=False)
+    assert (sq / MANIFEST).read_bytes() == (aspect_set / MANIFEST).read_bytes()
+    for r in _manifest(aspect_set)[:10]:
+        native = Image.open(aspect_set / r["path"])
+        assert np.array_equal(np.asarray(Image.open(sq / r["path"])),
+                              np.asarray(native.resize((28, 28), Image.Resampling.BICUBIC)))
+
+
 def test_imagefolder_reads_it(aspect_set, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the image folder's decode cache
     dm = ImageFolderDataModule(root=str(aspect_set), img_size=28, in_chans=3, channels=3, fast_path=False,

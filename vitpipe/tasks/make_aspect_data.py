@@ -19,6 +19,9 @@ classes one more. train/ and val/ draw disjoint items of Fashion-MNIST's trainin
 its test set. Deterministic: one ``--seed`` gives the same files byte for byte (PNGs without
 metadata). The set is written into a temporary folder beside ``out`` and renamed when complete,
 so an interrupted run leaves no half data set under ``out``.
+
+``--squash N`` writes the same canvases (same seed: same items, layouts and manifest) resized to
+N x N, bicubic: the baseline of a fixed-size model that squashes every image to a square.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class AspectConfig:
     background: int = 0
     source_dir: str = DEBIAN_DIR
     overwrite: bool = False
+    squash: int | None = None  # N: every canvas resized to N x N afterwards (the squash baseline of the same items)
 
     def __post_init__(self) -> None:
         for name in ("train", "val", "test"):
@@ -71,6 +75,8 @@ class AspectConfig:
             raise ConfigError(f"--train={self.train}: the image folder needs at least one training image")
         if self.short_side < 4:
             raise ConfigError(f"--short-side={self.short_side}: expected an int >= 4 (pixels)")
+        if self.squash is not None and self.squash < 4:
+            raise ConfigError(f"--squash={self.squash}: expected an int >= 4 (pixels) or no --squash")
         if not 0 <= self.background <= 255:
             raise ConfigError(f"--background={self.background}: expected a grey level in 0..255")
 
@@ -180,6 +186,8 @@ def make_aspect_data(cfg: AspectConfig, *, progress: bool = True) -> Path:
         for r in tqdm(rows, desc=f"aspect data -> {out}", unit="img", disable=not progress):
             item = source[r["source_split"]][0][r["source_index"]]
             canvas = render(item, (r["height"], r["width"], r["top"], r["left"]), cfg.short_side, cfg.background)
+            if cfg.squash:  # what resizing to a square does to a canvas, stored: the fixed path's baseline
+                canvas = np.asarray(Image.fromarray(canvas).resize((cfg.squash, cfg.squash), Image.Resampling.BICUBIC))
             (tmp / r["path"]).write_bytes(png_bytes(canvas))
         with open(tmp / MANIFEST, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n")
@@ -215,6 +223,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--short-side", type=int, default=28, help="canvas short side in pixels (the item's size)")
     p.add_argument("--background", type=int, default=0, help="canvas grey level 0..255")
     p.add_argument("--source-dir", default=DEBIAN_DIR, help="folder of Fashion-MNIST's gz idx files")
+    p.add_argument("--squash", type=int, default=None,
+                   help="resize every canvas to N x N (the same items squashed: a baseline for native aspect)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
@@ -225,7 +235,7 @@ def main(argv=None) -> int:
     try:
         cfg = AspectConfig(out=args.out, train=args.train, val=args.val, test=args.test, seed=args.seed,
                            short_side=args.short_side, background=args.background, source_dir=args.source_dir,
-                           overwrite=args.overwrite)
+                           overwrite=args.overwrite, squash=args.squash)
         out = make_aspect_data(cfg, progress=not args.no_progress)
     except ConfigError as e:
         print(f"make_aspect_data: error: {e}", file=sys.stderr)
