@@ -5,6 +5,7 @@ the timm NaFlexVit export (parity through ``timm.create_model("local-dir:...")``
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from conftest import make_cfg
 from omegaconf import OmegaConf, open_dict
 from PIL import Image
 
+from vitpipe.errors import ConfigError
 from vitpipe.nn.naflex import pad_batch, seq_grid
 
 MAX_SEQ_LEN = 12
@@ -188,3 +190,40 @@ def test_rollout_per_image_grid_ignores_padding(pool, tmp_path):
     plain = attention_rollout(att, num_prefix_tokens=net.num_prefix_tokens, grid_size=(gh, gw),
                               query="cls" if pool == "cls" else "mean")[0]
     assert torch.allclose(alone, plain, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- export: timm NaFlexVit
+
+
+def export_cfg(tmp_path, ckpt, fmt: str, out: Path):
+    return make_cfg(tmp_path, [f"ckpt_path={ckpt}", f"format={fmt}", f"out={out}"], config_name="export")
+
+
+@pytest.mark.parametrize("pos_embed, pool", [("learned", "mean"), ("learned2d", "mean"), ("learned", "cls")])
+def test_export_timm_naflexvit_same_logits(pos_embed, pool, tmp_path):
+    import timm
+
+    from vitpipe.tasks.export import export
+
+    ckpt = naflex_checkpoint(tmp_path, pool=pool, pos_embed=pos_embed)
+    out = export(export_cfg(tmp_path, ckpt, "timm", tmp_path / "timm_out"))
+    loaded = timm.create_model(f"local-dir:{out}", pretrained=True).eval()
+    assert type(loaded).__name__ == "NaFlexVit"
+    assert json.loads((out / "config.json").read_text())["naflex"]["max_seq_len"] == MAX_SEQ_LEN
+    net, pre = rebuilt(ckpt)
+    files = image_folder(tmp_path / "imgs")
+    batch = pad_batch([pre(Image.open(f)) for f in files])
+    with torch.no_grad():
+        want, got = net(batch), loaded(batch)
+    assert want.std(0).max() > 0.01  # the images get different logits: a real comparison
+    assert (got - want).abs().max() < 1e-5
+
+
+def test_export_timm_naflex_refuses_what_naflexvit_lacks(tmp_path):
+    from vitpipe.tasks.export import export
+
+    ckpt = naflex_checkpoint(tmp_path, pos_embed="sincos2d")
+    out = tmp_path / "timm_out"
+    with pytest.raises(ConfigError, match="NaFlexVit cannot express pos_embed=.*SinCos") as e:
+        export(export_cfg(tmp_path, ckpt, "timm", out))
+    assert len(str(e.value).splitlines()) == 1 and not out.exists()

@@ -55,8 +55,8 @@ class InputSpec:
         """The same rule as timm ``pretrained_cfg`` fields (``resolve_data_config`` reads them back)."""
         cfg = dict(input_size=(self.in_chans, *self.img_size), mean=self.mean, std=self.std,
                    interpolation=self.interpolation, crop_pct=self.crop_pct, crop_mode=self.crop_mode)
-        if self.max_seq_len is not None:  # timm's create_transform(naflex=True, max_seq_len=...) resizes to a sequence
-            cfg.update(crop_pct=1.0, crop_mode="squash", max_seq_len=self.max_seq_len)
+        if self.max_seq_len is not None:  # timm's create_transform(naflex=True, max_seq_len=...) resizes to a
+            cfg.update(crop_pct=1.0, crop_mode="squash")  # sequence; max_seq_len is not a pretrained_cfg field
         return cfg
 
 

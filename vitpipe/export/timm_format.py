@@ -7,6 +7,12 @@ so ``resolve_data_config({}, model=m)`` + ``create_transform(**cfg)`` feed it as
 does. The folder is built beside ``out`` (``vitpipe.export.staging``), loaded back through timm and
 checked against the network, and only then renamed to ``out``: a failed check or a kill leaves
 ``out`` as it was.
+
+A NaFlex checkpoint (``spec.max_seq_len`` set: ``data.naflex.enabled``) becomes a timm ``NaFlexVit``
+(``timm_compat.to_timm_naflex``) where the architecture matches (learned / learned2d / no positions, the
+patchify stem), checked on a padded patch dict of two images of other aspects; its ``pretrained_cfg``
+``config.json`` carries ``naflex: {max_seq_len, patch_size}`` for timm's ``create_transform(naflex=True, ...)``
+(timm's ``pretrained_cfg`` has no field for it).
 """
 
 from __future__ import annotations
@@ -20,15 +26,26 @@ from vitpipe.data.preprocess import InputSpec
 from vitpipe.export.check import check_logits
 from vitpipe.export.staging import staged_folder
 from vitpipe.models.registry import TIMM_NAMES, VARIANTS
-from vitpipe.models.timm_compat import timm_kwargs, to_timm
+from vitpipe.models.timm_compat import (
+    naflex_arch,
+    naflex_timm_kwargs,
+    timm_kwargs,
+    to_timm,
+    to_timm_naflex,
+)
+from vitpipe.nn.naflex import pad_batch, patchify_image
 from vitpipe.run.files import user_permissions
 
 TIMM_TOLERANCE = 1e-5  # max abs logit difference, fp32
 GENERIC_ARCH = "vit_base_patch16_224"  # any timm ViT entry point: the model_args set every dimension
 
 
-def timm_arch(net: nn.Module) -> str:
-    """timm's entry point of the same variant (e.g. ``vit_small_patch16_224``), else a generic ViT one."""
+def timm_arch(net: nn.Module, spec: InputSpec | None = None) -> str:
+    """timm's entry point of the same variant (e.g. ``vit_small_patch16_224``), else a generic ViT one;
+    for a NaFlex ``spec`` the ``NaFlexVit`` entry point of the same positional rule."""
+    if spec is not None and spec.max_seq_len is not None:
+        naflex_timm_kwargs(net)  # ConfigError naming what a NaFlexVit cannot express
+        return naflex_arch(net)
     kw = timm_kwargs(net)
     for name, dims in VARIANTS.items():
         same = (dims["dim"], dims["depth"], dims["num_heads"]) == (kw["embed_dim"], kw["depth"], kw["num_heads"])
@@ -45,14 +62,18 @@ def save_timm(net: nn.Module, spec: InputSpec, out: Path, *, class_names: list[s
     express a part of ``net`` or ``out`` is a non-empty folder and not ``overwrite``."""
     from timm.models import save_for_hf
 
-    arch = timm_arch(net)
-    tm = to_timm(net.eval(), arch).eval()
+    arch = timm_arch(net, spec)
+    naflex = spec.max_seq_len is not None
+    tm = (to_timm_naflex(net.eval(), arch) if naflex else to_timm(net.eval(), arch)).eval()
     # a clean pretrained_cfg: the entry point's own (weights source, tag, licence) does not describe these weights
     tm.pretrained_cfg = tm.default_cfg = dict(architecture=arch, num_classes=tm.num_classes, classifier="head",
-                                              first_conv="patch_embed.proj", **spec.timm_data_config())
-    labels = {"label_names": list(class_names)} if class_names else None
+                                              first_conv="embeds.proj" if naflex else "patch_embed.proj",
+                                              **spec.timm_data_config())
+    labels = {"label_names": list(class_names)} if class_names else {}
+    if naflex:
+        labels["naflex"] = {"max_seq_len": spec.max_seq_len, "patch_size": list(net.patch_size)}
     with staged_folder(out, overwrite=overwrite) as folder:
-        save_for_hf(tm, str(folder), model_config=labels, safe_serialization=True)
+        save_for_hf(tm, str(folder), model_config=labels or None, safe_serialization=True)
         user_permissions(folder / "model.safetensors")
         if readme is not None:
             (folder / "README.md").write_text(readme, encoding="utf-8")
@@ -66,7 +87,17 @@ def check_timm(net: nn.Module, folder: Path, spec: InputSpec, batch: int = 3, *,
     import timm
 
     loaded = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
-    x = torch.randn(batch, spec.in_chans, *spec.img_size)
+    x = naflex_probe(spec, net.patch_size) if spec.max_seq_len is not None else torch.randn(batch, spec.in_chans,
+                                                                                             *spec.img_size)
     left = f"; {name} was left as it was" if name is not None else ""
     return check_logits(loaded(x), net, x, tolerance=TIMM_TOLERANCE, measure="max abs logit difference", then=left,
                         differs=f"the timm model written for {name or folder} differs from the checkpoint's network")
+
+
+def naflex_probe(spec: InputSpec, patch_size) -> dict:
+    """A padded patch dict of two random images of other aspects (wide, tall) at ``spec.max_seq_len``: the
+    check input for a NaFlex export (two lengths, so padding is in it)."""
+    g = torch.Generator().manual_seed(0)
+    H, W = spec.img_size
+    images = [torch.randn(spec.in_chans, H, 2 * W, generator=g), torch.randn(spec.in_chans, 3 * H, W, generator=g)]
+    return pad_batch([patchify_image(im, patch_size, spec.max_seq_len) for im in images])

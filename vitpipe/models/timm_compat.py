@@ -225,6 +225,92 @@ def to_timm(model: ViT, arch: str = "vit_base_patch16_224") -> nn.Module:
     return tm.train(model.training)
 
 
+NAFLEX_ARCHS = {("learned", True): "naflexvit_base_patch16_par_gap", ("learned2d", True): "naflexvit_base_patch16_parfac_gap",
+                ("learned", False): "naflexvit_base_patch16_gap", ("learned2d", False): "naflexvit_base_patch16_gap",
+                ("none", False): "naflexvit_base_patch16_gap", ("none", True): "naflexvit_base_patch16_gap"}
+
+
+def _pos_kind(model: ViT) -> str | None:
+    kinds = {LearnedPosEmbed: "learned", Learned2DPosEmbed: "learned2d", NoPosEmbed: "none"}
+    return kinds.get(type(model.pos_embed))
+
+
+def naflex_timm_kwargs(model: ViT) -> dict:
+    """``NaFlexVit`` kwargs computing on a patch dict what ``model`` computes; ConfigError (one line)
+    naming every part a NaFlexVit cannot express. The inverse of ``vit_kwargs_from_timm_naflex``."""
+    parts = []
+    if not isinstance(model, ViT):
+        parts.append(f"the network type {type(model).__name__} (only vitpipe's ViT maps to timm)")
+    else:
+        if _pos_kind(model) is None:
+            parts.append(f"pos_embed={type(model.pos_embed).__name__} (NaFlexVit takes learned, learned2d or none)")
+        if type(model.patch_embed) is not PatchEmbed:
+            parts.append("the conv stem (stem=conv)")
+        if getattr(model, "dist_token", None) is not None:
+            parts.append("the distillation token (dist_token=true)")
+    if parts:
+        raise ConfigError(f"timm's NaFlexVit cannot express {', '.join(parts)}; export with format=onnx")
+    blk, kind = model.blocks[0], _pos_kind(model)
+    ar = bool(getattr(model.pos_embed, "ar_preserving", False))
+    return {
+        "patch_size": tuple(model.patch_size), "in_chans": model.in_chans, "num_classes": model.num_classes,
+        "embed_dim": model.dim, "depth": len(model.blocks), "num_heads": blk.attn.num_heads,
+        "mlp_ratio": blk.mlp.fc1.out_features / model.dim, "qkv_bias": blk.attn.qkv.bias is not None,
+        "qk_norm": not isinstance(blk.attn.q_norm, nn.Identity),
+        "init_values": 1.0 if hasattr(blk.ls1, "gamma") else None,  # the scales themselves are loaded
+        "class_token": model.class_token, "reg_tokens": model.num_prefix_tokens - int(model.class_token),
+        "global_pool": "token" if model.pool == "cls" else "avg", "fc_norm": model.pool == "mean",
+        "pos_embed": {"learned": "learned", "learned2d": "factorized", "none": "none"}[kind],
+        "pos_embed_grid_size": tuple(model.grid_size), "pos_embed_ar_preserving": ar,
+    }
+
+
+def naflex_arch(model: ViT) -> str:
+    """timm's NaFlexVit entry point whose positional rule is ``model``'s (the model_args set every dimension)."""
+    return NAFLEX_ARCHS[(_pos_kind(model), bool(getattr(model.pos_embed, "ar_preserving", False)))]
+
+
+def to_timm_naflex(model: ViT, arch: str | None = None) -> nn.Module:
+    """A timm ``NaFlexVit`` (``timm.create_model(arch, **naflex_timm_kwargs(model))``) with ``model``'s
+    weights: the same logits on the same patch dict; the inverse of ``from_timm_naflex``.
+
+    timm's table covers patches only; the rows vitpipe's learned table holds for prefix tokens are a
+    constant added to a constant, so they are folded into ``cls_token`` / ``reg_token``."""
+    import timm
+
+    kw = naflex_timm_kwargs(model)
+    tm = timm.create_model(arch or naflex_arch(model), pretrained=False, **kw)
+    P, sd = model.num_prefix_tokens, {}
+    prefix_pos = None
+    for k, v in model.state_dict().items():
+        if k == "patch_embed.proj.weight":  # conv (dim, C, p, q) -> linear (dim, p*q*C), channel fastest
+            sd["embeds.proj.weight"] = v.permute(0, 2, 3, 1).reshape(v.shape[0], -1)
+        elif k.startswith("patch_embed.proj."):
+            sd["embeds.proj." + k[len("patch_embed.proj."):]] = v
+        elif k == "pos_embed.weight":  # (1, P + h*w, dim) -> (1, h, w, dim) + prefix rows
+            prefix_pos = v[0, :P]
+            sd["embeds.pos_embed"] = v[:, P:].reshape(1, *model.grid_size, v.shape[-1])
+        elif k in ("pos_embed.row", "pos_embed.col"):
+            sd["embeds.pos_embed_y" if k.endswith("row") else "embeds.pos_embed_x"] = v[None]
+        elif k in ("cls_token", "reg_token"):
+            sd["embeds." + k] = v.clone()
+        else:
+            sd[k] = v
+    if prefix_pos is not None and P:
+        rows = iter(prefix_pos)
+        for k in ("embeds.cls_token", "embeds.reg_token"):
+            if k in sd:
+                n = sd[k].shape[1]
+                sd[k] = sd[k] + torch.stack([next(rows) for _ in range(n)])[None]
+    if tm.embeds.proj.weight.ndim == 4:  # a conv projection in timm: the conv weight as it is
+        sd["embeds.proj.weight"] = model.patch_embed.proj.weight.detach().clone()
+    for k, v in tm.state_dict().items():  # timm's NaFlexVit entry points keep a LayerScale whatever
+        if k.endswith((".ls1.gamma", ".ls2.gamma")) and k not in sd:  # init_values says: scale 1 is none
+            sd[k] = torch.ones_like(v)
+    tm.load_state_dict(sd)
+    return tm.train(model.training)
+
+
 def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     """Tensors of a weight file: safetensors, a plain state_dict, or a vitpipe Lightning
     checkpoint (``state_dict`` with ``net.`` keys). Never unpickles arbitrary objects."""

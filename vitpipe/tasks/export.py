@@ -15,14 +15,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from vitpipe.data.preprocess import Preprocess
+from vitpipe.data.preprocess import Preprocess, naflex_settings
 from vitpipe.errors import ConfigError
 from vitpipe.export.hub import check_repo_id, push_folder
 from vitpipe.export.model_card import model_card
 from vitpipe.export.onnx_format import export_onnx
 from vitpipe.export.staging import check_out_folder
 from vitpipe.export.timm_format import save_timm, timm_arch
-from vitpipe.models.timm_compat import timm_kwargs
 from vitpipe.run.paths import run_dir_of
 from vitpipe.tasks.predict import calibration_temperature
 
@@ -65,7 +64,7 @@ def export(cfg: DictConfig) -> Path:
     if hasattr(net, "generate"):
         raise ConfigError(f"format={cfg.format} exports classifiers; {path} is a captioner "
                           "(use scripts/predict.py for its captions)")
-    spec = Preprocess(built.datamodule, net).spec
+    spec = Preprocess(built.datamodule, net, naflex=naflex_settings(checkpoint["vitpipe_config"])).spec
     if out is None:  # e.g. <run output dir>/vit_nano_digits(.onnx)
         data = str(built.cfg.data.get("_target_", "")).rsplit(".", 1)[-1] if built.cfg.get("data") else ""
         stem = "_".join(filter(None, [str(built.cfg.model.get("name", "vit")), data.removesuffix("DataModule").lower()]))
@@ -80,9 +79,9 @@ def export(cfg: DictConfig) -> Path:
     from vitpipe.lit.finetune import fold_probe_bn
 
     net = fold_probe_bn(net)  # module.probe_bn: its eval-mode BN absorbed into the head (timm has no place for it)
-    timm_kwargs(net)  # a part timm cannot express: one line, before anything is written
+    timm_arch(net, spec)  # a part timm cannot express: one line, before anything is written
     class_names = built.class_names if built.class_names and len(built.class_names) == net.num_classes else None
-    card = model_card(name=out.name, net=net, arch=timm_arch(net), spec=spec, train_config=checkpoint["vitpipe_config"],
+    card = model_card(name=out.name, net=net, arch=timm_arch(net, spec), spec=spec, train_config=checkpoint["vitpipe_config"],
                       class_names=class_names, run_dir=run_dir_of(path),
                       temperature=calibration_temperature(path, checkpoint, tta="none"))  # the card: plain logits
     diff = save_timm(net, spec, out, class_names=class_names, readme=card, overwrite=cfg.get("overwrite", False))
