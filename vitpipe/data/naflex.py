@@ -109,7 +109,8 @@ class TokenBudgetBatchSampler(Sampler[list]):
     """One rank's training batches: lists of keys ``(index, seq_len, flip)`` (see the module doc).
 
     ``skip``: batches of the next pass to drop, once (exact mid-epoch resume). ``set_epoch`` as
-    for any sampler (Lightning calls it on a loader's batch sampler too).
+    for any sampler: Lightning calls it on ``loader.sampler`` and ``loader.batch_sampler.sampler``
+    only, never on the batch sampler itself, hence ``self.sampler``, which forwards it here.
     """
 
     def __init__(self, n: int, *, seq_lens: Sequence[int], tokens_per_batch: int, num_replicas: int = 1,
@@ -122,6 +123,7 @@ class TokenBudgetBatchSampler(Sampler[list]):
         self.shuffle, self.seed, self.hflip = shuffle, seed, hflip
         self.epoch, self.skip = 0, 0
         self.steps = self._schedule()
+        self.sampler = _EpochSetter(self)
 
     def _schedule(self) -> list[tuple[int, int]]:
         """(seq_len, global batch size) per step, from ``seed`` alone; the sizes sum to ``n``."""
@@ -164,6 +166,16 @@ class TokenBudgetBatchSampler(Sampler[list]):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+
+class _EpochSetter:
+    """Where Lightning looks for ``set_epoch`` on a batch sampler (``batch_sampler.sampler``)."""
+
+    def __init__(self, batch_sampler: TokenBudgetBatchSampler) -> None:
+        self.batch_sampler = batch_sampler
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batch_sampler.set_epoch(epoch)
 
 
 def patchify_batch(x: Tensor, patch_size: int, seq_len: int) -> dict[str, Tensor]:
