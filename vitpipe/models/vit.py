@@ -13,7 +13,8 @@ FlexiViT (Beyer et al. 2023): with ``flexi_patch_sizes`` each training forward c
 size drawn uniformly from the list (torch's global generator, which vitpipe's checkpoints restore,
 so a resumed run draws the same sizes); the patch kernel is PI-resized to it (``nn.patch_embed``) and
 the positions resampled to its grid. In eval mode the model embeds at ``patch_size`` or at the size
-``set_patch_size`` chose, any that divides ``img_size``. The parameters stay at ``patch_size``.
+``set_patch_size`` chose, any that divides ``img_size``. The parameters stay at ``patch_size``. A patch
+dict is embedded at ``patch_size`` always: its patches were cut by the data at that size.
 """
 
 from __future__ import annotations
