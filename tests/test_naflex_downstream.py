@@ -227,3 +227,27 @@ def test_export_timm_naflex_refuses_what_naflexvit_lacks(tmp_path):
     with pytest.raises(ConfigError, match="NaFlexVit cannot express pos_embed=.*SinCos") as e:
         export(export_cfg(tmp_path, ckpt, "timm", out))
     assert len(str(e.value).splitlines()) == 1 and not out.exists()
+
+
+# --------------------------------------------------------------------------- export: ONNX, dynamic sequence length
+
+
+@pytest.mark.parametrize("pos_embed, pool", [("learned2d", "cls")])
+def test_export_onnx_dynamic_sequence_length(pos_embed, pool, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    from vitpipe.tasks.export import export
+
+    ckpt = naflex_checkpoint(tmp_path, pool=pool, pos_embed=pos_embed)
+    out = export(export_cfg(tmp_path, ckpt, "onnx", tmp_path / "m.onnx"))
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["patches", "patch_coord", "patch_valid"]
+    net, pre = rebuilt(ckpt)
+    files = image_folder(tmp_path / "imgs")
+    items = [pre(Image.open(f)) for f in files]
+    batches = [pad_batch(items), pad_batch(items[:1]), pad_batch(items[2:3], seq_len=MAX_SEQ_LEN + 3)]
+    assert len({b["patches"].shape[1] for b in batches}) == 3  # three sequence lengths, batch sizes 4 and 1
+    for b in batches:
+        got = torch.from_numpy(session.run(None, {k: v.numpy() for k, v in b.items()})[0])
+        with torch.no_grad():
+            want = net(b)
+        assert (got - want).abs().max() < 1e-4

@@ -5,6 +5,11 @@ default, and always above 2 GB; vitpipe serializes the exported model itself, we
 export is one file (protobuf caps it at 2 GB; larger networks are refused with a line). Every vitpipe
 position kind and stem exports: RoPE and the recomputed sin-cos tables are ordinary tensor ops.
 
+A NaFlex checkpoint (``spec.max_seq_len`` set) exports its patch-dict forward: inputs ``patches`` (B, N,
+p*q*C) float, ``patch_coord`` (B, N, 2) int64, ``patch_valid`` (B, N) bool, dynamic B and N (``NaFlexGraph``:
+the positions of every grid of at most ``max_seq_len`` patches precomputed by the model itself, looked up
+per token, so the graph has no per-image Python loop).
+
 The file is written through ``atomic_write``: the exporter's bytes go to a temporary file beside
 ``out`` and are run in onnxruntime against PyTorch before that file is renamed to ``out``. A kill at
 any moment leaves the old ``out`` (or none) plus at worst a temporary file, which the next export to
@@ -20,11 +25,12 @@ import logging
 from pathlib import Path
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from vitpipe.data.preprocess import InputSpec
 from vitpipe.errors import ConfigError, ExportCheckError
 from vitpipe.export.check import check_logits
+from vitpipe.nn.naflex import NAFLEX_KEYS
 from vitpipe.run.files import atomic_write, remove_stale_temp_files
 
 ONNX_TOLERANCE = 1e-4  # max abs logit difference between onnxruntime and PyTorch, fp32
@@ -43,21 +49,31 @@ def export_onnx(net: nn.Module, spec: InputSpec, out: Path) -> float:
     if size >= ONNX_MAX_BYTES:
         raise ConfigError(f"format=onnx writes one self-contained file, and ONNX (protobuf) holds at most 2 GB in "
                           f"one: this network's weights are {size / 1e9:.2f} GB; use format=timm")
+    graph = NaFlexGraph(net, spec.max_seq_len).eval() if spec.max_seq_len is not None else None
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(out.parent, name=out.name)  # what earlier killed exports left
     diffs = []
 
     def write(f) -> None:  # called on the temporary file; returning lets atomic_write rename it to out
-        model = _onnx_bytes(net, spec)
+        if graph is None:
+            model = _onnx_bytes(net, spec)
+            f.write(model)
+            f.flush()
+            diffs.append(check_onnx(net, model, torch.randn(3, spec.in_chans, *spec.img_size)))
+            return
+        from vitpipe.export.timm_format import naflex_probe
+
+        model = _onnx_bytes_naflex(graph, naflex_probe(spec, net.patch_size))
         f.write(model)
         f.flush()
-        diffs.append(check_onnx(net, model, torch.randn(3, spec.in_chans, *spec.img_size)))
+        for n in (max(1, spec.max_seq_len // 2), spec.max_seq_len):  # two sequence lengths: N really is dynamic
+            diffs.append(check_onnx(net, model, naflex_probe(spec, net.patch_size, max_seq_len=n)))
 
     try:
         atomic_write(out, write)
     except ExportCheckError as e:
         raise ExportCheckError(f"{e}; nothing was written to {out}") from None
-    return diffs[0]
+    return max(diffs)
 
 
 def _onnx_bytes(net: nn.Module, spec: InputSpec) -> bytes:
@@ -71,6 +87,75 @@ def _onnx_bytes(net: nn.Module, spec: InputSpec) -> bytes:
     model = program.model_proto
     _drop_stack_traces(model)
     return model.SerializeToString()  # what ONNXProgram.save writes, weights inside
+
+
+def _quiet_export(module: nn.Module, args: tuple, dynamic_shapes, input_names: list[str]) -> bytes:
+    for name in ("onnx_ir", "onnxscript"):  # their INFO lines narrate graph passes
+        logging.getLogger(name).setLevel(logging.WARNING)
+    with contextlib.redirect_stdout(io.StringIO()):  # the exporter narrates each step on stdout
+        program = torch.onnx.export(module, args, None, dynamo=True, dynamic_shapes=dynamic_shapes,
+                                    input_names=input_names, output_names=["logits"], verbose=False)
+    model = program.model_proto
+    _drop_stack_traces(model)
+    return model.SerializeToString()
+
+
+def _onnx_bytes_naflex(graph: nn.Module, batch: dict) -> bytes:
+    B, N = torch.export.Dim("batch", min=1), torch.export.Dim("seq", min=1)
+    args = tuple(batch[k] for k in NAFLEX_KEYS)
+    return _quiet_export(graph, args, tuple({0: B, 1: N} for _ in args), list(NAFLEX_KEYS))
+
+
+class NaFlexGraph(nn.Module):
+    """``net``'s patch-dict forward as one traceable graph, for images of at most ``max_seq_len`` patches.
+
+    ``forward(patches (B, N, p*q*C), patch_coord (B, N, 2), patch_valid (B, N)) -> logits (B, classes)``.
+    The model computes positions per image grid (a Python loop over the batch's grids: not one graph);
+    here the positions of every grid h * w <= max_seq_len are computed once by the model's own
+    ``pos_embed.forward_naflex`` and read per token at ``offset[h, w] + row * w + col``."""
+
+    def __init__(self, net: nn.Module, max_seq_len: int) -> None:
+        super().__init__()
+        from vitpipe.nn.pos_embed import RoPE2D
+
+        if isinstance(net.pos_embed, RoPE2D):
+            raise ConfigError("format=onnx for a NaFlex checkpoint takes additive positions (learned, learned2d, "
+                              "sincos1d/2d, none); pos_embed=rope2d rotates q/k per image grid: not exported")
+        self.net, P, L = net, net.num_prefix_tokens, max_seq_len
+        offsets, tables, n = torch.zeros(L + 1, L + 1, dtype=torch.long), [], 0
+        with torch.no_grad():
+            for h in range(1, L + 1):
+                for w in range(1, L // h + 1):
+                    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+                    coord = torch.stack([rows.flatten(), cols.flatten()], dim=1)[None]  # (1, h*w, 2)
+                    zeros = torch.zeros(1, P + h * w, net.dim)
+                    pe = net.pos_embed.forward_naflex(zeros, coord, torch.tensor([[h, w]]))[0]  # (P + h*w, dim)
+                    offsets[h, w] = n
+                    tables.append(pe[P:])
+                    n += h * w
+        self.register_buffer("offsets", offsets)  # (L + 1, L + 1): first row of grid (h, w) in table
+        self.register_buffer("table", torch.cat(tables))  # (sum of h*w, dim)
+        self.register_buffer("prefix_pos", pe[:P].clone())  # (P, dim): the same for every grid
+
+    def forward(self, patches: Tensor, patch_coord: Tensor, patch_valid: Tensor) -> Tensor:
+        net, valid = self.net, patch_valid
+        coord = patch_coord.long() * valid[..., None]  # padding at (0, 0), as check_batch does
+        sizes = coord.amax(dim=1) + 1  # (B, 2): each image's grid
+        h, w = sizes[:, 0:1], sizes[:, 1:2]  # (B, 1) each
+        idx = self.offsets[h, w] + coord[..., 0] * w + coord[..., 1]  # (B, N)
+        x = net.patch_embed.embed_patches(patches) + self.table[idx.clamp(max=self.table.shape[0] - 1)]  # (B, N, dim)
+        tokens = [t for t in (net.cls_token, net.dist_token, net.reg_token) if t is not None]
+        if tokens:
+            prefix = torch.cat(tokens, dim=1) + self.prefix_pos[None]  # (1, P, dim)
+            x = torch.cat([prefix.expand(x.shape[0], -1, -1), x], dim=1)  # (B, P + N, dim)
+        padding = torch.cat([valid.new_zeros(x.shape[0], net.num_prefix_tokens), ~valid], dim=1)  # (B, P + N)
+        for blk in net.blocks:
+            x = blk(x, key_padding_mask=padding)
+        x = net.norm(x)
+        logits = net.forward_head(x, patch_valid=valid)
+        if net.dist_token is not None:  # DeiT at test time: the two heads averaged (ViT.forward)
+            logits = (logits + net.head_dist(net.head_drop(x[:, 1]))) / 2
+        return logits
 
 
 STACK_TRACE = "pkg.torch.onnx.stack_trace"
@@ -102,6 +187,7 @@ def check_onnx(net: nn.Module, model: Path | bytes, x: torch.Tensor) -> float:
 
     session = ort.InferenceSession(model if isinstance(model, bytes) else str(model),
                                    providers=["CPUExecutionProvider"])
-    got = torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
+    feeds = {k: x[k].numpy() for k in NAFLEX_KEYS} if isinstance(x, dict) else {"images": x.numpy()}
+    got = torch.from_numpy(session.run(None, feeds)[0])
     where = "" if isinstance(model, bytes) else f" from {model}"
     return check_logits(got, net, x, tolerance=ONNX_TOLERANCE, differs=f"onnxruntime's logits{where} differ from PyTorch's")

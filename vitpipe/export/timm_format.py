@@ -94,10 +94,10 @@ def check_timm(net: nn.Module, folder: Path, spec: InputSpec, batch: int = 3, *,
                         differs=f"the timm model written for {name or folder} differs from the checkpoint's network")
 
 
-def naflex_probe(spec: InputSpec, patch_size) -> dict:
-    """A padded patch dict of two random images of other aspects (wide, tall) at ``spec.max_seq_len``: the
-    check input for a NaFlex export (two lengths, so padding is in it)."""
+def naflex_probe(spec: InputSpec, patch_size, max_seq_len: int | None = None) -> dict:
+    """A padded patch dict of two random images of other aspects (wide, tall) at ``max_seq_len`` (default
+    ``spec.max_seq_len``): the check input for a NaFlex export (two lengths, so padding is in it)."""
     g = torch.Generator().manual_seed(0)
     H, W = spec.img_size
     images = [torch.randn(spec.in_chans, H, 2 * W, generator=g), torch.randn(spec.in_chans, 3 * H, W, generator=g)]
-    return pad_batch([patchify_image(im, patch_size, spec.max_seq_len) for im in images])
+    return pad_batch([patchify_image(im, patch_size, max_seq_len or spec.max_seq_len) for im in images])
