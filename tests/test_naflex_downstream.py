@@ -251,3 +251,24 @@ def test_export_onnx_dynamic_sequence_length(pos_embed, pool, tmp_path):
         with torch.no_grad():
             want = net(b)
         assert (got - want).abs().max() < 1e-4
+
+
+def test_visualize_naflex_draws_each_image_at_its_aspect(ckpt, tmp_path):
+    from vitpipe.tasks.visualize import naflex_display, visualize
+
+    folder = tmp_path / "imgs"
+    image_folder(folder)
+    cfg = make_cfg(tmp_path, [f"ckpt_path={ckpt}", f"images={folder}", f"out={tmp_path / 'viz'}", "device=cpu",
+                              "method=rollout", "batch_size=3"], config_name="visualize")
+    written = visualize(cfg)
+    assert sorted(p.name for p in written) == sorted([*(f"{i:03d}_img{i}.png" for i in range(4)), "rollout_grid.png"])
+    # the display is the model's input at its own grid: a full-grid file comes back as its own pixels
+    net, pre = rebuilt(ckpt)
+    p = net.patch_size[0]
+    px = np.random.default_rng(4).integers(0, 255, (2 * p, 5 * p), dtype=np.uint8)  # a 2x5 grid
+    shown = naflex_display(pre(Image.fromarray(px, "L")), net.patch_size, pre._mean, pre._std, 1)
+    assert shown.shape == (1, 2 * p, 5 * p)
+    assert torch.allclose(shown[0], torch.from_numpy(px).float() / 255, atol=1e-5)
+    with pytest.raises(ConfigError, match="method=heads"):
+        visualize(make_cfg(tmp_path, [f"ckpt_path={ckpt}", f"images={folder}", f"out={tmp_path / 'v2'}",
+                                      "device=cpu", "method=heads"], config_name="visualize"))

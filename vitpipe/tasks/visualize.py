@@ -35,6 +35,7 @@ from tqdm import tqdm
 from vitpipe.config.build import resolve_device
 from vitpipe.data.fast import to_model_input
 from vitpipe.data.images import open_image
+from vitpipe.data.preprocess import naflex_settings
 from vitpipe.errors import ConfigError
 from vitpipe.models.vit import ViT
 from vitpipe.run.checkpoint import load_checkpoint, rebuild
@@ -264,9 +265,12 @@ def visualize(cfg: DictConfig) -> list[Path]:
     check_options(cfg)
     device = resolve_device(cfg.device)
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best")
-    run = rebuild(load_checkpoint(ckpt_path), ckpt_path, data=cfg.get("data"), paths=cfg.paths,
-                  task_name=cfg.task_name)
+    checkpoint = load_checkpoint(ckpt_path)
+    run = rebuild(checkpoint, ckpt_path, data=cfg.get("data"), paths=cfg.paths, task_name=cfg.task_name)
     net, dm = run.net, run.datamodule
+    naflex = naflex_settings(checkpoint.get("vitpipe_config"))
+    if naflex is not None:
+        return visualize_naflex(cfg, net, dm, naflex, device)
     captioner = hasattr(net, "generate")
     kinds = kinds_for(cfg.method, captioner)
     if cfg.get("faithfulness") and captioner:
@@ -332,6 +336,69 @@ def visualize(cfg: DictConfig) -> list[Path]:
     print(f"vitpipe visualize: {len(written)} PNG files ({', '.join(kinds)}) under {out}")
     if cfg.get("faithfulness"):
         written.append(write_faithfulness(encoder, images.x, out, cfg, device))
+    return written
+
+
+def naflex_display(item: dict, patch_size, mean, std, channels: int) -> Tensor:
+    """The image a patch dict holds, as the model saw it (its own grid, its own aspect): (channels, h*p, w*q) in [0, 1]."""
+    p, q = patch_size
+    h, w = (item["patch_coord"].amax(dim=0) + 1).tolist()
+    C = item["patches"].shape[-1] // (p * q)
+    x = item["patches"].reshape(h, w, p, q, C).permute(4, 0, 2, 1, 3).reshape(C, h * p, w * q)  # row-major patches
+    return unnormalize(x[None, :channels], mean, std)[0]
+
+
+def visualize_naflex(cfg: DictConfig, net, dm, naflex: dict, device: torch.device) -> list[Path]:
+    """A NaFlex checkpoint: each file of ``images=<folder>`` patchified at its own aspect (the predict rule,
+    ``vitpipe.data.preprocess``), batches padded, attention rollout on each image's own grid, overlays drawn
+    at each image's aspect. Rollout only (``method=rollout`` or ``all``)."""
+    from vitpipe.data.preprocess import Preprocess
+    from vitpipe.nn.naflex import pad_batch
+    from vitpipe.viz.rollout import naflex_rollout_for_model
+
+    if hasattr(net, "generate") or not isinstance(net, ViT):
+        raise ConfigError("attention maps of a NaFlex checkpoint need a vitpipe ViT classifier")
+    if cfg.method not in ("rollout", "all") or cfg.get("faithfulness"):
+        raise ConfigError(f"method={cfg.method} (faithfulness={cfg.get('faithfulness')}) on a NaFlex checkpoint: its "
+                          "images have one grid each, and visualize draws attention rollout for them; use method=rollout")
+    if str(cfg.images) in SPLITS:
+        raise ConfigError(f"images={cfg.images} on a NaFlex checkpoint: pass a folder of images (shown at their "
+                          "own aspect)")
+    pre = Preprocess(dm, net, naflex=naflex)
+    mean, std, channels = data_stats(dm, net)
+    folder = Path(str(cfg.images))
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)[:cfg.num_images]
+    if not files:
+        raise ConfigError(f"images={folder} holds no images ({', '.join(IMAGE_SUFFIXES)}); pass a folder of images")
+    items = []
+    for f in files:
+        try:
+            items.append(pre(open_image(f, pre.spec.mode)))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"cannot read image {f}: {e}; remove it or pass another folder") from None
+    net.to(device).eval()
+    out, style, written = Path(cfg.out), {"alpha": cfg.alpha, "cmap": cfg.cmap}, []
+    displays, maps, titles = [], [], []
+    for start in range(0, len(items), cfg.batch_size):
+        chunk = items[start : start + cfg.batch_size]
+        batch = {k: v.to(device) for k, v in pad_batch(chunk).items()}
+        rollouts = naflex_rollout_for_model(net, batch, head_fusion=cfg.head_fusion, discard_ratio=cfg.discard_ratio)
+        with torch.no_grad():
+            probs = net(batch).float().softmax(dim=-1).cpu()
+        for j, (item, m) in enumerate(zip(chunk, rollouts)):
+            i = start + j
+            name, (pr, c) = f"{i:03d}_{files[i].stem}", probs[j].max(dim=0)
+            label = f"pred {_class_name(dm, int(c))} ({pr:.0%}), grid {m.shape[0]}x{m.shape[1]}"
+            display = naflex_display(item, net.patch_size, mean, std, channels)
+            displays.append(display)
+            maps.append(m.cpu())
+            titles.append(label)
+            if cfg.get("per_image", True):
+                fig = panel_figure(display, [m.cpu()], ["input", "attention rollout"], suptitle=label, **style)
+                written.append(save_figure(fig, out / "rollout" / f"{name}.png", dpi=cfg.dpi))
+    fig = overlay_grid(displays, maps, titles, ncols=cfg.ncols, **style)
+    written.append(save_figure(fig, out / "rollout_grid.png", dpi=cfg.dpi))
+    print(f"vitpipe visualize: {len(written)} PNG files (rollout, NaFlex: each image on its own grid) under {out}")
     return written
 
 
