@@ -45,11 +45,12 @@ def export_onnx(net: nn.Module, spec: InputSpec, out: Path) -> float:
         raise ConfigError("format=onnx exports classifiers; this checkpoint is a captioner "
                           "(its decoding loop is not one graph): use scripts/predict.py for captions")
     net = net.eval().cpu()
-    size = sum(t.numel() * t.element_size() for t in [*net.parameters(), *net.buffers()])
+    graph = NaFlexGraph(net, spec.max_seq_len).eval() if spec.max_seq_len is not None else None
+    module = graph if graph is not None else net  # a NaFlex graph also holds every grid's positions
+    size = sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
     if size >= ONNX_MAX_BYTES:
         raise ConfigError(f"format=onnx writes one self-contained file, and ONNX (protobuf) holds at most 2 GB in "
                           f"one: this network's weights are {size / 1e9:.2f} GB; use format=timm")
-    graph = NaFlexGraph(net, spec.max_seq_len).eval() if spec.max_seq_len is not None else None
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(out.parent, name=out.name)  # what earlier killed exports left
     diffs = []
