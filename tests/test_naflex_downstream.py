@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_cfg
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 from PIL import Image
 
 from vitpipe.errors import ConfigError
@@ -24,13 +24,14 @@ SIZES = [(8, 20), (30, 9), (8, 8), (5, 40)]
 
 
 def naflex_checkpoint(base: Path, pool: str = "mean", pos_embed: str = "learned") -> Path:
-    """A tiny classifier checkpoint (random weights, as tests/tiny_checkpoints.py makes them) whose stored
-    config has ``data.naflex.enabled=true``: what the NaFlex training path stores."""
+    """A tiny classifier checkpoint (random weights, as tests/tiny_checkpoints.py makes them) built through
+    ``train.build`` with ``data.naflex.enabled=true``: the config the NaFlex training path stores."""
     from vitpipe.tasks.train import build
 
     root = base / f"{pos_embed}_{pool}"
     overrides = [f"model.pos_embed={pos_embed}", f"model.pool={pool}", f"model.class_token={pool == 'cls'}"]
-    cfg = make_cfg(root, ["debug=fast", "logger=none", "model.depth=2", *overrides])
+    naflex = ["data.naflex.enabled=true", f"data.naflex.seq_lens=[{MAX_SEQ_LEN}]", f"data.naflex.max_seq_len={MAX_SEQ_LEN}"]
+    cfg = make_cfg(root, ["debug=fast", "logger=none", "model.depth=2", *overrides, *naflex])
     dm, net, module = build(cfg)
     torch.manual_seed(0)
     with torch.no_grad():
@@ -38,35 +39,12 @@ def naflex_checkpoint(base: Path, pool: str = "mean", pos_embed: str = "learned"
             p.normal_(mean=1.0 if "norm" in name and name.endswith("weight") else 0.0, std=0.2)
     stored = OmegaConf.to_container(cfg, resolve=True)
     stored.pop("hydra", None)
-    stored["data"]["naflex"] = {"enabled": True, "seq_lens": [MAX_SEQ_LEN], "max_seq_len": MAX_SEQ_LEN,
-                                "patch_size": stored["model"]["patch_size"]}
+    assert stored["data"]["naflex"]["enabled"] and stored["data"]["naflex"]["patch_size"] == stored["model"]["patch_size"]
     path = root / "run" / "checkpoints" / "epoch_000.ckpt"
     path.parent.mkdir(parents=True)
     torch.save({"state_dict": module.state_dict(), "vitpipe_config": stored,
                 "class_names": getattr(dm, "class_names", None)}, path)
     return path
-
-
-@pytest.fixture(autouse=True)
-def naflex_data_config(monkeypatch):
-    """Until the data modules take ``naflex=`` (the training path), rebuild them without that block."""
-    import vitpipe.run.checkpoint as ck
-
-    original = ck._datamodule
-
-    def tolerant(cfg, path, **kw):
-        if cfg.data is not None and "naflex" in cfg.data:
-            import inspect
-
-            import hydra
-
-            cls = hydra.utils.get_class(cfg.data._target_)
-            if "naflex" not in inspect.signature(cls).parameters:
-                with open_dict(cfg):
-                    cfg.data = OmegaConf.create({k: v for k, v in cfg.data.items() if k != "naflex"})
-        return original(cfg, path, **kw)
-
-    monkeypatch.setattr(ck, "_datamodule", tolerant)
 
 
 @pytest.fixture(scope="module")

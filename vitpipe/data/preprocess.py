@@ -15,7 +15,7 @@ exported model (``InputSpec.timm_data_config``):
   converted to the data's mode, scaled to [0, 1] and normalised with the data's statistics (grayscale
   repeated to RGB), then ``vitpipe.nn.naflex.patchify_image`` resizes it at its own aspect (bicubic,
   antialiased) to the largest grid of at most ``max_seq_len`` patches: no squash, no crop. The result
-  is a patch dict of one image; ``naflex_collate`` pads a list of them (``pad_batch``).
+  is a patch dict of one image; ``Preprocess.collate`` (``pad_batch``) pads a list of them.
 * captioning data: the data module's own transform (COCO: bicubic squash), or for procedural shapes a
   bilinear squash to ``img_size``; ImageNet statistics.
 
@@ -73,11 +73,6 @@ def naflex_settings(stored_config) -> dict | None:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ConfigError(f"the checkpoint's data.naflex.max_seq_len={n!r} is not valid; it must be an int >= 1")
     return dict(block)
-
-
-def naflex_collate(items: list[dict]) -> dict:
-    """Patch dicts of single images -> one batch padded to the longest (``vitpipe.nn.naflex.pad_batch``)."""
-    return pad_batch(items)
 
 
 def hflip_patches(batch: dict, patch_size) -> dict:
@@ -156,8 +151,8 @@ class Preprocess:
 
     @property
     def collate(self):
-        """The batching of this rule's outputs: ``naflex_collate`` for patch dicts, else ``torch.stack``."""
-        return naflex_collate if self.max_seq_len is not None else torch.stack
+        """The batching of this rule's outputs: ``pad_batch`` (padded to the longest) for patch dicts, else ``torch.stack``."""
+        return pad_batch if self.max_seq_len is not None else torch.stack
 
     def __call__(self, image: Image.Image) -> Tensor | dict:
         image = image.convert(self.spec.mode)
