@@ -2,6 +2,8 @@
 
 Whatever the data set and path, batches reaching the LightningModule are
 ``(x float32 (B, in_chans, H, W) normalised, y int64 (B,))`` with (H, W) = ``img_size``.
+With ``naflex.enabled`` they are ``(patch dict, y)`` instead: timm NaFlexVit's ``patches`` /
+``patch_coord`` / ``patch_valid`` at each image's own aspect, batched to a token budget (naflex.py).
 
 A subclass states its static facts in a ``DatasetInfo`` and implements ``_load(split)``
 (a map-style data set of ``(PIL image or uint8 (C, H, W) tensor, int label)``), ``check()``
