@@ -197,3 +197,10 @@ def test_an_image_folder_of_any_sizes_trains_on_the_standard_path(cfg_factory, t
                       "trainer.limit_train_batches=null", "trainer.limit_val_batches=null",
                       "trainer.limit_test_batches=null", "module.optimizer.lr=3e-3", sub="run_if")
     assert train(cfg)["test/acc"] > 0.9  # red against blue, at each image's own aspect
+
+
+def test_mixup_with_naflex_is_refused_in_one_line(cfg_factory):
+    cfg = cfg_factory(*TINY_NAFLEX, "module.mixup={mixup_alpha:0.8}", sub="run_mix")
+    with pytest.raises(ConfigError, match="module.mixup needs whole images") as e:
+        train(cfg)
+    assert "\n" not in str(e.value)
