@@ -61,6 +61,7 @@ TEACHER = f"{TRAIN} experiment=fmnist_teacher"
 SWEEP = f"{TRAIN} -m model.pos_embed=learned,sincos2d,learned2d"
 SOURCE = f"{TRAIN} experiment=transfer_source"
 MAE_FMNIST = f"{TRAIN} experiment=mae_fmnist"
+ASPECT = "python scripts/make_aspect_data.py --out data/fmnist_aspect --train 3000 --val 500 --test 1000 --seed 0"
 S = tuple(SHORT_TRAIN)
 SB = (*S, "data.batch_size=8", "data.eval_batch_size=8")   # 2 batches of a big model: small ones
 HEADLINE_FAILS = (r"model: could not fetch timm weights 'vit_base_patch16_224\.augreg_in21k'")
@@ -93,6 +94,16 @@ SPECS: dict[str, Spec] = {
     "python scripts/benchmark.py --variant vit_ti4 --only mae --batch-size 64 --steps 10 --warmup 3 --repeats 5": Spec(
         append=("--batch-size", "4", "--steps", "1", "--warmup", "1", "--repeats", "1"),
         expect=("mae_step vitpipe/reference",)),
+    # docs/naflex.md
+    ASPECT: Spec(needs_fmnist=True, files=("data/fmnist_aspect/manifest.csv",)),
+    f"{ASPECT.replace('fmnist_aspect', 'fmnist_aspect_sq')} --squash 28": Spec(
+        needs_fmnist=True, files=("data/fmnist_aspect_sq/manifest.csv",)),
+    f"{TRAIN} model=vit_micro model.img_size=28 data=imagefolder data.root=data/fmnist_aspect "
+    'data.naflex.enabled=true "data.naflex.seq_lens=[49]" data.naflex.max_seq_len=49': Spec(
+        append=S, needs=(ASPECT,), needs_fmnist=True, expect=("test/acc",)),
+    "python scripts/benchmark.py --only naflex --variant vit_micro --batch-size 32 --threads 1": Spec(
+        append=("--batch-size", "4", "--steps", "1", "--warmup", "1", "--repeats", "1"),
+        expect=("vitpipe/timm NaFlexVit",)),
     'pip install -e ".[dev]"': Spec(skip="the install step: .ci/run runs it in a fresh venv"),
     "python -m pytest -q": Spec(skip="the test command itself: .ci/run runs it"),
     "python -m pytest -q -m slow": Spec(skip="a test command: .ci/run runs the slow README commands"),
