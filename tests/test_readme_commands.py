@@ -101,6 +101,13 @@ SPECS: dict[str, Spec] = {
     f"{TRAIN} model=vit_micro model.img_size=28 data=imagefolder data.root=data/fmnist_aspect "
     'data.naflex.enabled=true "data.naflex.seq_lens=[49]" data.naflex.max_seq_len=49': Spec(
         append=S, needs=(ASPECT,), needs_fmnist=True, expect=("test/acc",)),
+    f"{TRAIN} model=vit_micro model.img_size=28 data=imagefolder data.root=data/fmnist_aspect_sq "
+    "data.augment=false data.hflip=false trainer.max_epochs=5 seed=0": Spec(
+        append=S, needs=(f"{ASPECT.replace('fmnist_aspect', 'fmnist_aspect_sq')} --squash 28",), needs_fmnist=True,
+        expect=("test/acc",)),
+    f"{TRAIN} model=vit_micro model.img_size=28 data=imagefolder data.root=data/fmnist_aspect "
+    'data.hflip=false trainer.max_epochs=5 seed=0 data.naflex.enabled=true "data.naflex.seq_lens=[49]" '
+    "data.naflex.max_seq_len=49": Spec(append=S, needs=(ASPECT,), needs_fmnist=True, expect=("test/acc",)),
     "python scripts/benchmark.py --only naflex --variant vit_micro --batch-size 32 --threads 1": Spec(
         append=("--batch-size", "4", "--steps", "1", "--warmup", "1", "--repeats", "1"),
         expect=("vitpipe/timm NaFlexVit",)),
