@@ -201,6 +201,10 @@ def test_an_image_folder_of_any_sizes_trains_on_the_standard_path(cfg_factory, t
 
 def test_mixup_with_naflex_is_refused_in_one_line(cfg_factory):
     cfg = cfg_factory(*TINY_NAFLEX, "module.mixup={mixup_alpha:0.8}", sub="run_mix")
+    from vitpipe.config.build import check_config
+
+    with pytest.raises(ConfigError, match="module.mixup needs whole images"):
+        check_config(cfg)  # from the config alone: before any data is read
     with pytest.raises(ConfigError, match="module.mixup needs whole images") as e:
         train(cfg)
     assert "\n" not in str(e.value)

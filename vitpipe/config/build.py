@@ -43,6 +43,7 @@ def check_config(cfg: DictConfig) -> None:
     resolve_num_classes(cfg.get("data"))
     check_values(cfg)
     check_labels_used(cfg)
+    check_naflex_module(cfg)
     try:
         model_n, data_n = cfg.model.get("num_classes"), cfg.data.get("num_classes")
     except MissingMandatoryValue as e:
@@ -65,6 +66,21 @@ def check_labels_used(cfg: DictConfig) -> None:
         raise ConfigError(f"data.labels=none reads the images without labels (one class), which module "
                           f"{target.rsplit('.', 1)[-1] or '?'} cannot learn from; pre-train on them with module=mae, "
                           f"or put the images in class folders and use data.labels=folders")
+
+
+def check_naflex_module(cfg: DictConfig) -> None:
+    """``data.naflex.enabled=true`` feeds patch dicts: mixup and a distillation teacher need whole images.
+    Refused here, before data loads (the module repeats the check for code that builds it by hand)."""
+    data, module = cfg.get("data"), cfg.get("module")
+    naflex = data.get("naflex") if isinstance(data, DictConfig) else None
+    if not isinstance(naflex, DictConfig) or not naflex.get("enabled") or not isinstance(module, DictConfig):
+        return
+    distill = module.get("distill")
+    for key, on in (("module.mixup", bool(module.get("mixup"))),
+                    ("module.distill.teacher", isinstance(distill, DictConfig) and distill.get("teacher") is not None)):
+        if on:
+            raise ConfigError(f"data.naflex.enabled=true feeds patch dicts: {key} needs whole images; "
+                              f"set {key}=null or data.naflex.enabled=false")
 
 
 def check_device(cfg: DictConfig) -> None:
