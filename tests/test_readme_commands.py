@@ -61,6 +61,7 @@ TEACHER = f"{TRAIN} experiment=fmnist_teacher"
 SWEEP = f"{TRAIN} -m model.pos_embed=learned,sincos2d,learned2d"
 SOURCE = f"{TRAIN} experiment=transfer_source"
 MAE_FMNIST = f"{TRAIN} experiment=mae_fmnist"
+FLEXI = f'{TRAIN} model=vit_micro model.img_size=28 data=fashion_mnist "model.flexi_patch_sizes=[4,7,14]"'
 ASPECT = "python scripts/make_aspect_data.py --out data/fmnist_aspect --train 3000 --val 500 --test 1000 --seed 0"
 S = tuple(SHORT_TRAIN)
 SB = (*S, "data.batch_size=8", "data.eval_batch_size=8")   # 2 batches of a big model: small ones
@@ -108,6 +109,14 @@ SPECS: dict[str, Spec] = {
     f"{TRAIN} model=vit_micro model.img_size=28 data=imagefolder data.root=data/fmnist_aspect "
     'data.hflip=false trainer.max_epochs=5 seed=0 data.naflex.enabled=true "data.naflex.seq_lens=[49]" '
     "data.naflex.max_seq_len=49": Spec(append=S, needs=(ASPECT,), needs_fmnist=True, expect=("test/acc",)),
+    f'{TRAIN} data=fashion_mnist data.naflex.enabled=true model=vit_micro model.img_size=28 '
+    '"data.naflex.seq_lens=[16,25,49]" data.naflex.max_seq_len=49': Spec(append=S, needs_fmnist=True,
+                                                                         expect=("test/acc",)),
+    FLEXI: Spec(append=S, needs_fmnist=True, expect=("test/acc",)),
+    "python scripts/eval.py ckpt_path=logs/train/runs/<time> model_patch_size=14": Spec(
+        needs=(FLEXI,), time_of=FLEXI, needs_fmnist=True, expect=("test/acc",)),
+    f'{TRAIN} callbacks=progressive "callbacks.progressive.img_sizes=[4,6,8]" '
+    '"callbacks.progressive.start_epochs=[0,2,4]"': Spec(append=S, expect=("test/acc",)),
     "python scripts/benchmark.py --only naflex --variant vit_micro --batch-size 32 --threads 1": Spec(
         append=("--batch-size", "4", "--steps", "1", "--warmup", "1", "--repeats", "1"),
         expect=("vitpipe/timm NaFlexVit",)),
