@@ -183,18 +183,10 @@ def timm_kwargs(model: ViT) -> dict:
     """``VisionTransformer`` kwargs computing what ``model`` computes; ConfigError naming a part timm
     cannot express. Fixed sin-cos tables become timm's position table holding the fixed values
     (``no_embed_class``: prefix tokens get no position, as in vitpipe)."""
-    parts = []
-    if not isinstance(model, ViT):
-        parts.append(f"the network type {type(model).__name__} (only vitpipe's ViT maps to timm)")
-    else:
-        if isinstance(model.pos_embed, RoPE2D):
-            parts.append("rope2d positions (rotary q/k)")
-        if isinstance(model.pos_embed, Learned2DPosEmbed):
-            parts.append("learned2d positions (a row table plus a column table)")
-        if type(model.patch_embed) is not PatchEmbed:
-            parts.append("the conv stem (stem=conv)")
-        if getattr(model, "dist_token", None) is not None:
-            parts.append("the distillation token (dist_token=true)")
+    parts = _unmapped_parts(model, [
+        (isinstance(getattr(model, "pos_embed", None), RoPE2D), "rope2d positions (rotary q/k)"),
+        (isinstance(getattr(model, "pos_embed", None), Learned2DPosEmbed),
+         "learned2d positions (a row table plus a column table)")])
     if parts:
         raise ConfigError(f"timm's VisionTransformer cannot express {', '.join(parts)}; export with format=onnx")
     blk = model.blocks[0]
@@ -210,6 +202,16 @@ def timm_kwargs(model: ViT) -> dict:
         "global_pool": "token" if model.pool == "cls" else "avg",
         "pos_embed": "none" if isinstance(model.pos_embed, NoPosEmbed) else "learn", "no_embed_class": fixed,
     }
+
+
+def _unmapped_parts(model, pos_parts: list[tuple[bool, str]]) -> list[str]:
+    """What of ``model`` a timm class cannot express: the position kinds flagged in ``pos_parts``
+    (condition, description), the conv stem, a distillation token; or that it is no vitpipe ViT."""
+    if not isinstance(model, ViT):
+        return [f"the network type {type(model).__name__} (only vitpipe's ViT maps to timm)"]
+    checks = [*pos_parts, (type(model.patch_embed) is not PatchEmbed, "the conv stem (stem=conv)"),
+              (getattr(model, "dist_token", None) is not None, "the distillation token (dist_token=true)")]
+    return [what for bad, what in checks if bad]
 
 
 def to_timm(model: ViT, arch: str = "vit_base_patch16_224") -> nn.Module:
@@ -238,16 +240,9 @@ def _pos_kind(model: ViT) -> str | None:
 def naflex_timm_kwargs(model: ViT) -> dict:
     """``NaFlexVit`` kwargs computing on a patch dict what ``model`` computes; ConfigError (one line)
     naming every part a NaFlexVit cannot express. The inverse of ``vit_kwargs_from_timm_naflex``."""
-    parts = []
-    if not isinstance(model, ViT):
-        parts.append(f"the network type {type(model).__name__} (only vitpipe's ViT maps to timm)")
-    else:
-        if _pos_kind(model) is None:
-            parts.append(f"pos_embed={type(model.pos_embed).__name__} (NaFlexVit takes learned, learned2d or none)")
-        if type(model.patch_embed) is not PatchEmbed:
-            parts.append("the conv stem (stem=conv)")
-        if getattr(model, "dist_token", None) is not None:
-            parts.append("the distillation token (dist_token=true)")
+    parts = _unmapped_parts(model, [
+        (isinstance(model, ViT) and _pos_kind(model) is None,
+         f"pos_embed={type(getattr(model, 'pos_embed', None)).__name__} (NaFlexVit takes learned, learned2d or none)")])
     if parts:
         raise ConfigError(f"timm's NaFlexVit cannot express {', '.join(parts)}; export with format=onnx")
     blk, kind = model.blocks[0], _pos_kind(model)
