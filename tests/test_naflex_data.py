@@ -3,13 +3,16 @@ ranks, a plan that is a function of (seed, epoch), exact resume after a kill, ev
 
 from __future__ import annotations
 
+import json
 import signal
+from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
 from test_faults import _equal_weights, _finish, _held_at, _popen, _wait_for
-from test_scale import _last
+from test_scale import _last, _train_cli
+from test_shards import IDS, RecordIds, _id_folder, _rows
 
 from vitpipe.data import DigitsDataModule
 from vitpipe.data.naflex import (
@@ -27,6 +30,7 @@ from vitpipe.tasks.train import train
 
 NAFLEX = {"enabled": True, "seq_lens": [4, 9, 16], "max_seq_len": 16, "tokens_per_batch": None,
           "loss_scale": "linear", "patch_size": 2}
+TESTS = Path(__file__).resolve().parent
 TINY_NAFLEX = ["debug=fast", "logger=none", "data.naflex.enabled=true", "callbacks.progress_bar.refresh_rate=1000"]
 
 
@@ -208,3 +212,48 @@ def test_mixup_with_naflex_is_refused_in_one_line(cfg_factory):
     with pytest.raises(ConfigError, match="module.mixup needs whole images") as e:
         train(cfg)
     assert "\n" not in str(e.value)
+
+
+class RecordNaFlexIds(RecordIds):
+    """test_shards.RecordIds for patch-dict batches: an image's id is the red of its first patch's
+    first pixel (a patch is (p, p, C) flattened: index 0 is red); pad rows of the batch hold no image."""
+
+    def _write(self, trainer, kind: str, batch) -> None:
+        dm, x = trainer.datamodule, batch[0]
+        assert bool(x["patch_valid"][:, 0].all())  # every row of a batch is an image
+        red = x["patches"][:, 0, 0] * dm.std[0] + dm.mean[0]  # a flat image stays flat through the resize
+        row = {"kind": kind, "epoch": trainer.current_epoch, "seq_len": x["patches"].shape[1],
+               "ids": (red * 255).round().long().tolist()}  # fmt: skip
+        self.out.mkdir(parents=True, exist_ok=True)
+        with open(self.out / f"rank{trainer.global_rank}.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+@pytest.mark.slow  # a 2-process DDP subprocess: ~28 s on 2 shared cores
+def test_ddp_two_ranks_train_each_image_once_per_epoch_and_score_val_test_once(tmp_path):
+    """Real 2-process DDP (gloo) on the standard path: the flat-colour folder of test_shards (23
+    training images of 3 aspects, id = red), seq_lens [4, 9] at patch 4, 2 workers a rank."""
+    root = _id_folder(tmp_path / "images")
+    r = _train_cli("debug=fast", "logger=none", "trainer=ddp_cpu", "trainer.devices=2", "trainer.max_epochs=1",
+                   "test=true", "data=imagefolder", f"data.root={root}", "data.num_classes=3", "data.num_workers=2",
+                   "data.naflex.enabled=true", "data.naflex.seq_lens=[4,9]", "data.naflex.max_seq_len=9",
+                   "data.batch_size=2", "data.eval_batch_size=2", "data.hflip=true", "model.img_size=12",
+                   "model.patch_size=4", "model.dim=32", "model.depth=1", "trainer.limit_train_batches=null",
+                   "trainer.limit_val_batches=null", "trainer.limit_test_batches=null",
+                   "callbacks.model_checkpoint.monitor=null", "callbacks.model_checkpoint.save_top_k=0",
+                   "callbacks.progress_bar.refresh_rate=1000", "+callbacks.ids._target_=test_naflex_data.RecordNaFlexIds",
+                   f"+callbacks.ids.out={tmp_path / 'ids'}", f"hydra.run.dir={tmp_path / 'run'}",
+                   env={"PYTHONPATH": str(TESTS), "XDG_CACHE_HOME": str(tmp_path / "cache")}, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = [_rows(tmp_path / "ids" / f"rank{k}.jsonl") for k in range(2)]
+    train = [[row for row in rows if row["kind"] == "train"] for rows in ranks]
+    # tokens_per_batch = 2 x 9 = 18: 4 images a rank at seq_len 4, 2 at 9; the ranks step together
+    assert len(train[0]) == len(train[1]) > 1
+    assert [b["seq_len"] for b in train[0]] == [b["seq_len"] for b in train[1]]
+    assert {b["seq_len"] for b in train[0] + train[1]} <= {4, 9} and len({b["seq_len"] for b in train[0]}) == 2
+    seen = [i for rank in train for b in rank for i in b["ids"]]
+    assert sorted(seen) == list(IDS["train"])  # each of the 23 images exactly once: no pad, none dropped
+    for kind in ("val", "test"):
+        scored = [i for rows in ranks for row in rows if row["kind"] == kind for i in row["ids"]]
+        assert sorted(scored) == list(IDS[kind])  # 7 and 5 images: each scored once, none repeated
+        assert {row["seq_len"] for rows in ranks for row in rows if row["kind"] == kind} == {9}  # max_seq_len
