@@ -50,7 +50,7 @@ def test_sizes_follow_the_schedule_and_return_after_fit(tmp_path):
     ({"img_sizes": [4, 8], "start_epochs": [0, 2, 3]},
      "callbacks.progressive: img_sizes (2), start_epochs (3) need one entry per stage"),
     ({"img_sizes": [4, 0], "start_epochs": [0, 2]},
-     "callbacks.progressive.img_sizes=[4, 0]; use a non-empty list of positive integers"),
+     "callbacks.progressive.img_sizes=[4, 0]; use a non-empty list of positive integers or null"),
     ({"img_sizes": [4, 8], "start_epochs": [0, 2], "batch_sizes": [8]},
      "callbacks.progressive: img_sizes (2), start_epochs (2) and batch_sizes (1) need one entry per stage"),
 ])
@@ -98,3 +98,39 @@ def test_a_resumed_run_continues_in_the_stage_it_stopped_in(tmp_path):
     first = fit(1)  # stopped after epoch 0, in stage 0
     assert first == [(0, (8, 1, 4, 4))] * 2
     assert fit(3, ckpt_path=tmp_path / "ckpt" / "last.ckpt") == [(1, (8, 1, 4, 4))] * 2 + [(2, (2, 1, 8, 8))] * 2
+
+
+@pytest.mark.parametrize(("img_size", "multiple", "stages", "want"), [
+    (32, 4, 3, [16, 24, 32]), (28, 4, 3, [12, 20, 28]), (8, 4, 3, [4, 8]), (224, 16, 4, [112, 144, 176, 224])])
+def test_derived_sizes_run_from_half_to_full_in_patch_multiples(img_size, multiple, stages, want):
+    from vitpipe.lit.progressive import default_img_sizes
+
+    assert default_img_sizes(img_size, multiple, stages) == want
+
+
+def test_callbacks_progressive_alone_derives_its_schedule_from_the_run(tmp_path):
+    from vitpipe.config.build import instantiate_callbacks
+    from vitpipe.tasks.train import build
+
+    cfg = make_cfg(tmp_path, ["debug=fast", "logger=none", "callbacks=progressive"])  # 8 px digits, patch 2
+    (schedule,) = [c for c in instantiate_callbacks(cfg.callbacks) if isinstance(c, ProgressiveResolution)]
+    dm, _, module = build(cfg)
+    probe = Probe()
+    trainer = L.Trainer(accelerator="cpu", max_epochs=6, limit_train_batches=1, limit_val_batches=1,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[schedule, probe])
+    trainer.fit(module, datamodule=dm)
+    assert schedule.img_sizes == [4, 6, 8] and schedule.start_epochs == [0, 2, 4]
+    assert [shape[-1] for _, shape in probe.train] == [4, 4, 6, 6, 8, 8]
+
+
+def test_a_derived_schedule_needs_an_epoch_per_stage(tmp_path):
+    from vitpipe.tasks.train import build
+
+    dm, _, module = build(make_cfg(tmp_path, ["debug=fast", "logger=none"]))
+    trainer = L.Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, callbacks=[ProgressiveResolution()])
+    with pytest.raises(ValueError, match=r"^callbacks.progressive.start_epochs=null needs trainer.max_epochs >= 3 "
+                                         r"\(one epoch per stage\), got 2; set trainer.max_epochs or "
+                                         r"callbacks.progressive.start_epochs$"):
+        trainer.fit(module, datamodule=dm)
