@@ -23,7 +23,9 @@ import io
 import json
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -151,6 +153,67 @@ def label_names(class_names, num_classes: int) -> list[str]:
     return [str(i) for i in range(num_classes)]
 
 
+# --------------------------------------------------------------------------- the loaded checkpoint
+
+
+@dataclass
+class Predictor:
+    """A checkpoint ready to predict, as ``predict`` (and ``scripts/serve.py``) use it: the network on its
+    device in eval mode, the checkpoint's eval transform, and the calibration temperature for ``tta``."""
+
+    path: Path  # the checkpoint file ckpt_path resolved to
+    checkpoint: dict  # as load_checkpoint read it (weights only)
+    built: Any  # vitpipe.run.checkpoint.Rebuilt
+    net: torch.nn.Module
+    captioner: bool
+    preprocess: Preprocess  # PIL image -> (C, H, W) tensor, or a NaFlex patch dict
+    tta: str
+    temperature: float | None  # of a calibration.json fitted on this checkpoint with this tta, else None
+
+
+def load_predictor(ckpt_path, *, paths=None, task_name: str = "predict", device="cpu", tta: str = "none") -> Predictor:
+    """Resolve ``ckpt_path`` (file | run dir | last), read it safely, rebuild the network and its eval
+    transform (the NaFlex rule for NaFlex checkpoints) and find the calibration temperature: everything
+    ``predict`` does before the first image. ConfigError (one line) for a checkpoint or ``tta`` it cannot use."""
+    from vitpipe.report.evaluation import unseen_flip_warning
+    from vitpipe.run.checkpoint import load_checkpoint, rebuild
+    from vitpipe.run.paths import resolve_ckpt_path
+
+    if tta not in TTAS:
+        raise ConfigError(f"tta={tta!r}; valid choices: {', '.join(TTAS)}")
+    path = resolve_ckpt_path(ckpt_path, log_dir=paths.log_dir if paths is not None else None, which="best")
+    checkpoint = load_checkpoint(path)
+    built = rebuild(checkpoint, path, paths=paths, task_name=task_name)
+    net = built.net.to(device).eval()
+    captioner = hasattr(net, "generate")
+    if captioner and tta != "none":
+        raise ConfigError(f"tta={tta} applies to classifiers; this checkpoint is a captioner: drop tta")
+    warning = unseen_flip_warning(checkpoint.get("vitpipe_config"), tta)
+    if warning:  # the same averaging as eval's tta=hflip, the same loss on a network that never saw a flip
+        print(f"vitpipe: warning: {warning}", file=sys.stderr, flush=True)
+    naflex = naflex_settings(checkpoint.get("vitpipe_config"))
+    if naflex is not None and captioner:
+        raise ConfigError("data.naflex is set on a captioner checkpoint; NaFlex prediction supports classifiers")
+    preprocess = Preprocess(built.datamodule, net.encoder if captioner else net, naflex=naflex)
+    temperature = None if captioner else calibration_temperature(path, checkpoint, tta=tta)
+    return Predictor(path=path, checkpoint=checkpoint, built=built, net=net, captioner=captioner,
+                     preprocess=preprocess, tta=tta, temperature=temperature)
+
+
+def captions(loaded: Predictor, x) -> list[str]:
+    """A captioner's captions of a batch ``x`` (on its device), with the decoding settings the run validated with."""
+    hp = loaded.built.module.hparams
+    ids = loaded.net.generate(x, max_len=hp.max_gen_len, beam_size=hp.beam_size, length_penalty=hp.length_penalty)
+    return loaded.built.module.tokenizer.batch_decode(ids)
+
+
+def top_labels(probs: Tensor, names: list[str], topk: int) -> list[dict]:
+    """``{"labels": [...], "probs": [...]}`` per row of probabilities (B, classes), most probable first:
+    the ranking ``class_rows`` writes."""
+    values, idx = probs.topk(min(topk, probs.shape[1]), dim=1)  # (B, k) each
+    return [{"labels": [names[c] for c in i], "probs": v} for v, i in zip(values.tolist(), idx.tolist())]
+
+
 # --------------------------------------------------------------------------- files beside a checkpoint
 
 
@@ -221,34 +284,19 @@ def check_options(cfg: DictConfig) -> None:
 def predict(cfg: DictConfig) -> Path:
     """Predict every image ``cfg.images`` names with checkpoint ``cfg.ckpt_path``; returns the file written."""
     from vitpipe.config.build import resolve_device
-    from vitpipe.report.evaluation import unseen_flip_warning
-    from vitpipe.run.checkpoint import load_checkpoint, rebuild
-    from vitpipe.run.paths import resolve_ckpt_path
 
     check_options(cfg)
     device = resolve_device(cfg.device)
     files, not_images = find_images(cfg.images)
-    path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best")
-    checkpoint = load_checkpoint(path)
-    built = rebuild(checkpoint, path, paths=cfg.paths, task_name=cfg.task_name)
-    net = built.net.to(device).eval()
-    captioner = hasattr(net, "generate")
-    if captioner and cfg.tta != "none":
-        raise ConfigError(f"tta={cfg.tta} applies to classifiers; this checkpoint is a captioner: drop tta")
-    warning = unseen_flip_warning(checkpoint.get("vitpipe_config"), cfg.tta)
-    if warning:  # the same averaging as eval's tta=hflip, the same loss on a network that never saw a flip
-        print(f"vitpipe: warning: {warning}", file=sys.stderr, flush=True)
-    naflex = naflex_settings(checkpoint.get("vitpipe_config"))
-    if naflex is not None and captioner:
-        raise ConfigError("data.naflex is set on a captioner checkpoint; NaFlex prediction supports classifiers")
-    preprocess = Preprocess(built.datamodule, net.encoder if captioner else net, naflex=naflex)
-    temperature = None if captioner else calibration_temperature(path, checkpoint, tta=cfg.tta)
+    loaded = load_predictor(cfg.ckpt_path, paths=cfg.paths, task_name=cfg.task_name, device=device, tta=cfg.tta)
+    built, net, captioner, preprocess, temperature = (loaded.built, loaded.net, loaded.captioner, loaded.preprocess,
+                                                      loaded.temperature)
     loader = DataLoader(ImageFiles(files, preprocess), batch_size=cfg.batch_size, num_workers=cfg.num_workers,
                         collate_fn=Collate(preprocess.collate))
 
     rows, bad, names = [], 0, None
     if captioner:
-        cols, tokenizer, hp = ["path", "caption"], built.module.tokenizer, built.module.hparams
+        cols = ["path", "caption"]
     with torch.inference_mode():
         for indices, x, failed in tqdm(loader, desc="predict", unit="batch", file=sys.stderr):
             for i, why in failed:
@@ -258,8 +306,7 @@ def predict(cfg: DictConfig) -> Path:
                 continue
             x, paths = to_device(x, device), [str(files[i]) for i in indices]
             if captioner:
-                ids = net.generate(x, max_len=hp.max_gen_len, beam_size=hp.beam_size, length_penalty=hp.length_penalty)
-                rows += [{"path": p, "caption": c} for p, c in zip(paths, tokenizer.batch_decode(ids))]
+                rows += [{"path": p, "caption": c} for p, c in zip(paths, captions(loaded, x))]
             else:
                 probs = class_probs(net, x, tta=cfg.tta, temperature=temperature)
                 if names is None:  # the class count as the network reports it
