@@ -1,0 +1,186 @@
+"""scripts/demo.py: the Gradio page gives predict.py's labels and probabilities, with its attention overlay.
+
+The browser test runs the real command (``python scripts/demo.py ckpt_path=... port=<free>``) in a
+subprocess on 127.0.0.1, uploads a test image in headless Chromium and reads the page's answer; it is
+skipped, with the reason, only where chromium / chromedriver are not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tiny_checkpoints as tc
+import torch
+from conftest import make_cfg
+from PIL import Image
+
+from vitpipe.errors import ConfigError
+from vitpipe.tasks import demo as demo_task
+from vitpipe.tasks import demo_screenshot as browser_page
+from vitpipe.tasks.predict import predict
+
+# a model on a non-square input (8 x 12 from the 8 x 8 digits): the overlay must keep the 2:3 aspect
+tc.KINDS.setdefault("demo_wide", ["model.pos_embed=learned", "model.img_size=[8,12]"])
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    base = tmp_path_factory.mktemp("demo_ckpts")
+    return lambda kind: tc.checkpoint(kind, base)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    """Test-split digits as the page's examples are written, plus an RGB photo of another size and mode."""
+    folder = tmp_path_factory.mktemp("demo_images")
+    from hydra.utils import instantiate
+
+    dm = instantiate(make_cfg(folder / "cfg", ["debug=fast"]).data)  # digits: the tiny checkpoints' data
+    written = demo_task.test_examples(dm, 3, folder / "files")
+    assert len(written) == 3 and len({p.name.split("_")[1] for p in written}) == 3  # three classes
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (21, 13, 3), dtype=np.uint8)).save(folder / "files" / "photo.png")
+    return folder / "files"
+
+
+def demo_cfg(tmp_path: Path, ckpt, *overrides: str):
+    return make_cfg(tmp_path, [f"ckpt_path={ckpt}", "device=cpu", *overrides], config_name="demo")
+
+
+def predict_json(tmp_path: Path, ckpt, images, *overrides: str) -> dict[str, dict]:
+    """scripts/predict.py's rows (JSON: full precision) by file name."""
+    cfg = make_cfg(tmp_path, [f"ckpt_path={ckpt}", f"images={images}", f"out={tmp_path / 'preds.json'}",
+                              "device=cpu", *overrides], config_name="predict")
+    return {Path(r["path"]).name: r for r in json.loads(predict(cfg).read_text())}
+
+
+def row_topk(row: dict) -> list[tuple[str, float]]:
+    out, rank = [(row["label"], row["prob"])], 2
+    while f"top{rank}_label" in row:
+        out.append((row[f"top{rank}_label"], row[f"top{rank}_prob"]))
+        rank += 1
+    return out
+
+
+# --------------------------------------------------------------------------- without the browser
+
+
+@pytest.mark.parametrize("kind,tta", [("learned", "none"), ("sincos2d_rgb", "hflip")])
+def test_page_top_k_equals_predict_py_for_the_same_files(ckpts, images, tmp_path, kind, tta):
+    ckpt = ckpts(kind)
+    expected = predict_json(tmp_path / "p", ckpt, images, "topk=5", f"tta={tta}")
+    model = demo_task.load_model(demo_cfg(tmp_path / "d", ckpt, f"tta={tta}"))
+    for path in sorted(images.iterdir()):
+        got = demo_task.show(model, path, "rollout", topk=5).probs
+        want = row_topk(expected[path.name])
+        assert [name for name, _ in want] == list(got), path.name  # the same labels, in the same order
+        np.testing.assert_allclose([got[n] for n, _ in want], [p for _, p in want], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("method", ["rollout", "gradient"])
+def test_overlay_keeps_the_model_inputs_shape_and_aspect(ckpts, images, tmp_path, method):
+    model = demo_task.load_model(demo_cfg(tmp_path, ckpts("demo_wide")))
+    shown = demo_task.show(model, images / "photo.png", method, display_size=100)
+    assert tuple(shown.attention.shape) == (4, 6)  # the 8 x 12 input on 2 x 2 patches
+    assert shown.display.shape == shown.overlay.shape == (72, 108, 3)  # x9: the longer side >= 100, 2:3 kept
+    assert shown.overlay.dtype == np.uint8 and not np.array_equal(shown.overlay, shown.display)
+    heat = shown.attention
+    assert torch.isfinite(heat).all() and heat.max() > heat.min()  # a map, not a constant
+
+
+def test_gradient_and_plain_rollout_differ_and_follow_the_models_rollout(ckpts, images, tmp_path):
+    from vitpipe.viz.rollout import gradient_rollout, rollout_for_model
+
+    model = demo_task.load_model(demo_cfg(tmp_path, ckpts("learned")))
+    path = sorted(images.glob("*.png"))[0]
+    x = demo_task.model_input(model, path)
+    _, top = demo_task.top_k(model, x, 1)
+    plain = demo_task.show(model, path, "rollout").attention
+    grad = demo_task.show(model, path, "gradient").attention
+    torch.testing.assert_close(plain, rollout_for_model(model.net, x)[0])
+    torch.testing.assert_close(grad, gradient_rollout(model.net, x, top)[0])
+    assert not torch.allclose(plain, grad)
+
+
+def test_facts_name_architecture_data_and_the_runs_test_accuracy(ckpts, tmp_path):
+    ckpt = ckpts("learned")
+    metrics = ckpt.parent.parent / "metrics.json"
+    metrics.write_text(json.dumps({"test/acc": 0.8125, "test/loss": 0.5}))
+    try:
+        facts = demo_task.load_model(demo_cfg(tmp_path, ckpt)).facts
+    finally:
+        metrics.unlink()
+    assert facts["Test accuracy"].startswith("0.8125")
+    assert facts["Data"] == "Digits, 10 classes"
+    assert "vit_nano" in facts["Architecture"] and "depth 1" in facts["Architecture"]
+
+
+def test_a_captioner_is_refused_in_one_line(ckpts, tmp_path):
+    with pytest.raises(ConfigError, match=r"shows classifiers; .* is a captioner: .*visualize_attention") as e:
+        demo_task.load_model(demo_cfg(tmp_path, ckpts("captioner")))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("method=heads", r"method='heads' is not valid; choose one of \['rollout', 'gradient'\]"),
+    ("port=0", r"port=0: expected an int in 1\.\.65535"),
+    ("topk=0", r"topk=0: expected an int >= 1"),
+    ("tta=vflip", r"tta='vflip'; valid choices"),
+])
+def test_bad_options_fail_in_one_line_before_the_checkpoint_is_read(tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message):
+        demo_task.demo(demo_cfg(tmp_path, tmp_path / "no-such.ckpt", override))
+
+
+def test_without_gradio_one_line_names_the_install_command(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "gradio", None)  # import gradio -> ImportError
+    with pytest.raises(ConfigError, match=r'needs Gradio, which is not installed here: pip install -e "\.\[serve\]"'):
+        demo_task.demo(demo_cfg(tmp_path, tmp_path / "no-such.ckpt"))
+
+
+# --------------------------------------------------------------------------- a real browser
+
+
+@pytest.fixture(scope="module")
+def served(ckpts, tmp_path_factory):
+    """``python scripts/demo.py ckpt_path=<tiny ckpt> port=<free>``, as typed, from a fresh directory;
+    stopped by its PID."""
+    work = tmp_path_factory.mktemp("demo_server")
+    ckpt = ckpts("learned")
+    proc, url = browser_page.start_demo([f"ckpt_path={ckpt}", f"port={browser_page.free_port()}", "device=cpu"],
+                                        cwd=work, log=work / "demo.log", timeout=120, env={"OMP_NUM_THREADS": "1"})
+    yield ckpt, url, work
+    browser_page.stop_demo(proc)
+
+
+@pytest.mark.skipif(browser_page.chromium() is None, reason="chromium and chromedriver are not installed "
+                    "(Debian: apt-get install chromium chromium-driver)")
+def test_browser_upload_shows_predict_pys_label_and_probability(served, images, tmp_path):
+    ckpt, url, work = served
+    image = sorted(images.glob("*.png"))[0]
+    expected = predict_json(tmp_path, ckpt, image, "topk=5")[image.name]
+    driver = browser_page.browser()
+    try:
+        answer = browser_page.upload(driver, url, image, timeout=60)
+    finally:
+        driver.quit()
+    assert answer.label == expected["label"]
+    shown = float(answer.percent.rstrip("%"))
+    assert abs(shown - 100 * expected["prob"]) <= 0.5 + 1e-6  # gr.Label rounds to whole percent
+    assert [n for n, _ in answer.rows] == [n for n, _ in row_topk(expected)]
+    assert answer.overlay_size == answer.input_size == (256, 256)  # 8x8 digits x 32, beside each other
+    examples = list((work / "logs" / "demo" / "runs").glob("*/examples/*.png"))
+    assert len(examples) == 8  # the test split's examples, written under the run's output folder
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(browser_page.chromium() is None, reason="chromium and chromedriver are not installed")
+def test_screenshot_command_writes_the_page_with_its_answer(ckpts, images, tmp_path):
+    out = browser_page.main(["--ckpt", str(ckpts("learned")), "--image", str(sorted(images.glob("*.png"))[0]),
+                             "--out", str(tmp_path / "demo.png"), "--work", str(tmp_path)])
+    with Image.open(out) as png:
+        assert png.width >= 1000 and png.height >= 600

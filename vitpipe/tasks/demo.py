@@ -1,0 +1,340 @@
+"""``demo(cfg)``: the body of ``scripts/demo.py``, a Gradio page over the predict path.
+
+checkpoint (``ckpt_path`` = file | run dir | last, ``vitpipe.run.paths``) -> network + the run's eval
+transform (``vitpipe.data.preprocess.Preprocess``, NaFlex rule included) -> one page:
+
+* an image to drop, paste or pick (examples: images of the data's test split, written as PNG files
+  under the run's output folder, when that data is present here);
+* the top-k labels (``gr.Label``): ``vitpipe.tasks.predict.class_probs`` with the same ``tta`` and the
+  same ``calibration.json`` temperature as ``scripts/predict.py``, on the file opened the same way
+  (``open_image``), so the page and the CSV give the same probabilities;
+* the image as the model sees it beside its attention overlay: attention rollout (Abnar & Zuidema
+  2020) or gradient rollout for the predicted class (Chefer et al. 2021), switchable
+  (``vitpipe.viz.rollout``, drawn by ``vitpipe.viz.overlay``); NaFlex checkpoints: rollout on the
+  image's own grid;
+* the checkpoint's facts: architecture, data, test accuracy (the run's ``metrics.json``, as the
+  exported model card reads it).
+
+Classifiers only: a captioner is refused in one line (its captions and per-word cross-attention maps
+are drawn by ``scripts/visualize_attention.py``). Gradio is imported only here; without it one line
+says how to install it. Analytics are off, the server binds ``server_name`` (127.0.0.1 by default).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from PIL import Image
+from torch import Tensor, nn
+
+from vitpipe.data.images import open_image
+from vitpipe.data.preprocess import Preprocess, naflex_settings
+from vitpipe.errors import ConfigError
+from vitpipe.report.tta import TTAS
+from vitpipe.tasks.predict import calibration_temperature, class_probs, label_names, to_device
+from vitpipe.viz.overlay import overlay, to_numpy_image, unnormalize
+from vitpipe.viz.rollout import check_rollout_options, gradient_rollout, naflex_rollout_for_model, rollout_for_model
+
+METHODS = ("rollout", "gradient")
+METHOD_TITLES = {"rollout": "attention rollout", "gradient": "gradient rollout (predicted class)"}
+INSTALL = 'pip install -e ".[serve]"'
+# small inputs (8x8 digits) shown as crisp enlarged pixels, filling their panels
+CSS = ("#image img, #model-input img, #overlay img {image-rendering: pixelated; object-fit: contain; "
+       "width: 100%; height: 100%}")
+
+
+@dataclass
+class DemoModel:
+    """What the page needs from a checkpoint, loaded once."""
+
+    net: nn.Module  # eval mode, on ``device``; the EMA network when the run kept one (as predict)
+    preprocess: Preprocess
+    names: list[str]  # label index -> name
+    device: torch.device
+    tta: str
+    temperature: float | None  # from calibration.json, as predict applies it
+    mean: tuple[float, ...]  # display: the data's statistics, ``channels`` of them
+    std: tuple[float, ...]
+    channels: int
+    facts: dict[str, str] = field(default_factory=dict)
+    datamodule: object = None
+
+    @property
+    def naflex(self) -> bool:
+        return self.preprocess.max_seq_len is not None
+
+
+@dataclass
+class Shown:
+    """One image on the page: top-k ``{label: probability}``, the model's input and its overlay."""
+
+    probs: dict[str, float]  # the k most probable classes, most probable first
+    display: np.ndarray  # (H, W, 3) uint8: the input as the model sees it, enlarged by an integer factor
+    overlay: np.ndarray  # (H, W, 3) uint8: the same size, the attention map blended over it
+    attention: Tensor  # (h, w) the map on the patch grid
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_options(cfg: DictConfig) -> None:
+    """Everything checkable before Gradio is imported or the checkpoint is read."""
+    if cfg.method not in METHODS:
+        raise ConfigError(f"method={cfg.method!r} is not valid; choose one of {list(METHODS)}")
+    if cfg.tta not in TTAS:
+        raise ConfigError(f"tta={cfg.tta!r}; valid choices: {', '.join(TTAS)}")
+    check_rollout_options(head_fusion=cfg.head_fusion, discard_ratio=cfg.discard_ratio)
+    for key, minimum in (("topk", 1), ("num_examples", 0), ("display_size", 8)):
+        v = cfg.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ConfigError(f"{key}={v!r}: expected an int >= {minimum}")
+    port = cfg.get("port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535):
+        raise ConfigError(f"port={port!r}: expected an int in 1..65535, or null for the first free one from 7860")
+    if not isinstance(cfg.get("server_name"), str) or not cfg.server_name:
+        raise ConfigError(f"server_name={cfg.get('server_name')!r}: expected a host name or address, e.g. 127.0.0.1")
+    if not isinstance(cfg.alpha, (int, float)) or not 0.0 <= cfg.alpha <= 1.0:
+        raise ConfigError(f"alpha={cfg.alpha!r} is not valid; use a number in [0, 1]")
+
+
+def import_gradio():
+    """The ``gradio`` module, with analytics off for anything it reads at import; ConfigError (one line
+    with the install command) when it is not installed."""
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # this process serves the page; no internet
+    try:
+        import gradio
+    except ImportError:
+        raise ConfigError(f"the demo page needs Gradio, which is not installed here: {INSTALL}") from None
+    return gradio
+
+
+# --------------------------------------------------------------------------- the model side
+
+
+def load_model(cfg: DictConfig) -> DemoModel:
+    """The checkpoint ``cfg.ckpt_path`` names, rebuilt as predict rebuilds it (data is never code)."""
+    from vitpipe.config.build import resolve_device
+    from vitpipe.models.vit import ViT
+    from vitpipe.run.checkpoint import load_checkpoint, rebuild
+    from vitpipe.run.paths import resolve_ckpt_path
+    from vitpipe.tasks.visualize import data_stats
+
+    device = resolve_device(cfg.device)
+    path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best")
+    checkpoint = load_checkpoint(path)
+    built = rebuild(checkpoint, path, paths=cfg.paths, task_name=cfg.task_name)
+    net = built.net.to(device).eval()
+    if hasattr(net, "generate"):
+        raise ConfigError(f"the demo page shows classifiers; {path} is a captioner: draw its captions and per-word "
+                          "cross-attention maps with scripts/visualize_attention.py ckpt_path=<ckpt> images=<folder>")
+    if not isinstance(net, ViT):  # e.g. model=timm (a CNN): no attention to show
+        raise ConfigError(f"the demo page draws attention maps of a vitpipe ViT; {path} holds a {type(net).__name__}")
+    naflex = naflex_settings(checkpoint.get("vitpipe_config"))
+    preprocess = Preprocess(built.datamodule, net, naflex=naflex)
+    mean, std, channels = data_stats(built.datamodule, net)
+    return DemoModel(net=net, preprocess=preprocess, names=label_names(built.class_names, net.num_classes),
+                     device=device, tta=cfg.tta, temperature=calibration_temperature(path, checkpoint, tta=cfg.tta),
+                     mean=mean, std=std, channels=channels, facts=model_facts(checkpoint, net, path, cfg.tta),
+                     datamodule=built.datamodule)
+
+
+def model_facts(checkpoint: dict, net: nn.Module, path: Path, tta: str) -> dict[str, str]:
+    """Architecture, data, test accuracy and the checkpoint, as lines for the page (the terms of the
+    exported model card, ``vitpipe.export.model_card``: its ``run_metrics`` reads the test metrics)."""
+    from vitpipe.export.model_card import run_metrics
+    from vitpipe.run.paths import run_dir_of
+
+    stored = checkpoint.get("vitpipe_config") or {}
+    model_cfg, data_cfg = stored.get("model") or {}, stored.get("data") or {}
+    params = sum(p.numel() for p in net.parameters())
+    (p, q), (h, w) = net.patch_size, net.img_size
+    data = str(data_cfg.get("_target_", "?")).rsplit(".", 1)[-1].removesuffix("DataModule")
+    metrics = run_metrics(run_dir_of(path))
+    acc = metrics.get("test/acc")
+    return {
+        "Architecture": (f"ViT {model_cfg.get('name', '?')}: dim {net.dim}, depth {len(net.blocks)}, heads "
+                         f"{net.blocks[0].attn.num_heads}, patch {p}x{q} on {h}x{w}, pos_embed "
+                         f"{model_cfg.get('pos_embed', '?')}, pool {net.pool}; {params / 1e6:.3f} M parameters"),
+        "Data": f"{data}, {net.num_classes} classes",
+        "Test accuracy": (f"{acc:.4f} (test/acc of the run's metrics.json)" if acc is not None
+                          else "not recorded (no test/acc in a metrics.json beside the checkpoint's run)"),
+        "Checkpoint": f"{path.name} (tta={tta})",
+    }
+
+
+def model_input(model: DemoModel, path) -> Tensor | dict:
+    """The batch of one file, built exactly as ``scripts/predict.py`` builds it: (1, C, H, W) or a patch dict."""
+    x = model.preprocess(open_image(Path(path), model.preprocess.spec.mode))
+    return to_device(model.preprocess.collate([x]), model.device)
+
+
+def top_k(model: DemoModel, x, k: int) -> tuple[dict[str, float], int]:
+    """``({label: probability}`` of the ``k`` most probable classes, the top class index)``: predict's
+    probabilities (``class_probs``: TTA, then the calibration temperature, then softmax)."""
+    with torch.inference_mode():
+        probs = class_probs(model.net, x, tta=model.tta, temperature=model.temperature)[0].cpu()  # (classes,)
+    values, idx = probs.topk(min(k, probs.numel()))
+    return {model.names[i]: float(v) for v, i in zip(values.tolist(), idx.tolist())}, int(idx[0])
+
+
+def attention_map(model: DemoModel, x, method: str, target: int, *, head_fusion: str = "mean",
+                  discard_ratio: float = 0.0) -> Tensor:
+    """(h, w) map on the patch grid: attention rollout, or gradient rollout for class ``target``."""
+    if method not in METHODS:
+        raise ConfigError(f"method={method!r} is not valid; choose one of {list(METHODS)}")
+    if model.naflex:
+        if method != "rollout":
+            raise ConfigError("a NaFlex checkpoint's images have one grid each; the demo draws attention rollout "
+                              "for them: choose rollout")
+        return naflex_rollout_for_model(model.net, x, head_fusion=head_fusion, discard_ratio=discard_ratio)[0].cpu()
+    if method == "gradient":
+        return gradient_rollout(model.net, x, target, discard_ratio=discard_ratio)[0].detach().cpu()
+    return rollout_for_model(model.net, x, head_fusion=head_fusion, discard_ratio=discard_ratio)[0].cpu()
+
+
+def display_image(model: DemoModel, x, size: int) -> Tensor:
+    """The input as the model sees it, (channels, H, W) in [0, 1], enlarged by the integer factor
+    (nearest) that brings its longer side to at least ``size`` pixels: its aspect is kept exactly."""
+    if model.naflex:
+        from vitpipe.tasks.visualize import naflex_display
+
+        valid = x["patch_valid"][0].bool()  # a batch of one: no padding, but the rule is the rule
+        item = {k: x[k][0][valid].cpu() for k in ("patches", "patch_coord")}  # (n, p*q*C), (n, 2) row-major
+        image = naflex_display(item, model.net.patch_size, model.mean, model.std, model.channels)
+    else:
+        image = unnormalize(x[0, : model.channels].float().cpu(), model.mean, model.std)  # (channels, H, W)
+    factor = max(1, math.ceil(size / max(image.shape[-2:])))
+    return F.interpolate(image[None], scale_factor=factor, mode="nearest")[0] if factor > 1 else image
+
+
+def show(model: DemoModel, path, method: str, *, topk: int = 5, head_fusion: str = "mean",
+         discard_ratio: float = 0.0, alpha: float = 0.5, cmap: str = "jet", display_size: int = 256) -> Shown:
+    """Everything the page shows for the image file ``path`` (the page's function, without Gradio)."""
+    x = model_input(model, path)
+    probs, top = top_k(model, x, topk)
+    attention = attention_map(model, x, method, top, head_fusion=head_fusion, discard_ratio=discard_ratio)
+    display = display_image(model, x, display_size)
+    blended = overlay(display, attention, alpha=alpha, cmap=cmap)  # (H, W, 3) in [0, 1]
+    return Shown(probs=probs, display=_uint8(to_numpy_image(display)), overlay=_uint8(blended), attention=attention)
+
+
+def _uint8(image: np.ndarray) -> np.ndarray:
+    return (np.clip(image, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+
+
+# --------------------------------------------------------------------------- examples
+
+
+def test_examples(dm, n: int, folder: Path) -> list[Path]:
+    """Up to ``n`` images of the data's test split as PNG files in ``folder`` (one class after another,
+    named ``<index>_<class>.png``); [] with one line on stderr when that data is not present here."""
+    from vitpipe.run.files import atomic_write
+
+    if n == 0 or dm is None or not hasattr(dm, "_load"):
+        return []
+    try:
+        dm.check()  # files present, or a ConfigError saying how to get them
+        split = dm._load("test")  # (PIL image or uint8 (C, H, W) tensor, label) items: the data modules' contract
+    except Exception as e:  # noqa: BLE001 - examples are optional: the page works without them
+        print(f"vitpipe demo: note: no examples (the test split cannot be read here: {str(e).splitlines()[0]})",
+              file=sys.stderr)
+        return []
+    if split is None or len(split) == 0:
+        return []
+    names = getattr(dm, "class_names", None)
+    picked, seen = [], set()
+    for i in range(min(len(split), 50 * n)):  # one image per class first; bounded for big test splits
+        image, label = split[i]
+        if int(label) not in seen or len(seen) >= (len(names) if names else n):
+            seen.add(int(label))
+            picked.append((i, image, int(label)))
+        if len(picked) >= n:
+            break
+    written = []
+    for i, image, label in picked:
+        if isinstance(image, Tensor):  # uint8 (C, H, W)
+            array = image.permute(1, 2, 0).numpy()
+            image = Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array)
+        name = names[label] if names and label < len(names) else str(label)
+        path = folder / f"{i:05d}_{re.sub(r'[^A-Za-z0-9_-]+', '_', str(name))}.png"
+        atomic_write(path, lambda f, im=image: im.save(f, format="PNG"))
+        written.append(path)
+    return written
+
+
+# --------------------------------------------------------------------------- the page
+
+
+def facts_markdown(facts: dict[str, str]) -> str:
+    return "\n".join(f"- **{k}**: {v}" for k, v in facts.items())
+
+
+def build_page(model: DemoModel, cfg: DictConfig, examples: list[Path]):
+    """The Gradio Blocks page; its one callback is ``show``."""
+    gr = import_gradio()
+    style = dict(topk=cfg.topk, head_fusion=cfg.head_fusion, discard_ratio=cfg.discard_ratio, alpha=cfg.alpha,
+                 cmap=cfg.cmap, display_size=cfg.display_size)
+
+    def on_image(path, method):
+        if not path:
+            return None, None, None
+        try:
+            shown = show(model, path, method, **style)
+        except ConfigError as e:
+            raise gr.Error(str(e)) from None
+        except (OSError, ValueError) as e:  # a file PIL cannot decode
+            raise gr.Error(f"cannot read that file as an image: {str(e).splitlines()[0]}") from None
+        return shown.probs, shown.display, shown.overlay
+
+    methods = ["rollout"] if model.naflex else list(METHODS)
+    with gr.Blocks(title="vitpipe demo", analytics_enabled=False) as page:
+        gr.Markdown(f"## vitpipe: {model.facts['Data'].split(',')[0]} classifier\n\n{facts_markdown(model.facts)}",
+                    elem_id="facts")
+        with gr.Row():
+            with gr.Column(scale=1):
+                image = gr.Image(type="filepath", image_mode=None, label="image (drop, paste or pick)",
+                                 sources=["upload", "clipboard"], height=300, elem_id="image")
+                method = gr.Radio([(METHOD_TITLES[m], m) for m in methods], value=cfg.method if cfg.method in methods
+                                  else "rollout", label="attention map", elem_id="method")
+                if examples:
+                    gr.Examples([[str(p)] for p in examples], inputs=image, label="test split examples")
+            with gr.Column(scale=2):
+                label = gr.Label(num_top_classes=cfg.topk, label=f"top-{cfg.topk}", elem_id="topk")
+                with gr.Row():
+                    model_view = gr.Image(label="model input", type="numpy", format="png", interactive=False,
+                                          height=300, elem_id="model-input")
+                    overlay_view = gr.Image(label="attention overlay", type="numpy", format="png",
+                                            interactive=False, height=300, elem_id="overlay")
+        for event in (image.change, method.change):
+            event(on_image, inputs=[image, method], outputs=[label, model_view, overlay_view])
+    return page
+
+
+def demo(cfg: DictConfig) -> None:
+    """Serve the page for ``cfg.ckpt_path`` until interrupted."""
+    from vitpipe.run.info import output_dir
+
+    check_options(cfg)
+    import_gradio()  # before the checkpoint is read: a missing install costs nothing
+    model = load_model(cfg)
+    folder = output_dir(cfg) / "examples"
+    examples = test_examples(model.datamodule, cfg.num_examples, folder)
+    page = build_page(model, cfg, examples)
+    page.queue(default_concurrency_limit=1)  # one model, one image at a time
+    _, url, _ = page.launch(server_name=cfg.server_name, server_port=cfg.port, share=False, inbrowser=False,
+                            prevent_thread_lock=True, show_error=True, ssr_mode=False, quiet=True, css=CSS,
+                            allowed_paths=[str(folder)] if examples else None)
+    print(f"vitpipe demo: {url} ({model.facts['Checkpoint']}; {len(examples)} example(s); Ctrl-C stops)", flush=True)
+    try:
+        page.block_thread()  # until Ctrl-C; a SIGTERM ends the process as it is
+    finally:
+        page.close(verbose=False)

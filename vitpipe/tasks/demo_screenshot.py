@@ -1,0 +1,177 @@
+"""The demo page in a real browser: start ``scripts/demo.py``, upload an image in headless Chromium,
+read the page's answer, and (as a command) save a screenshot of it.
+
+    python -m vitpipe.tasks.demo_screenshot --ckpt <ckpt | run dir> --image <file> --out docs/img/demo.png
+
+The same functions drive tests/test_demo.py's browser test, so the picture and the test cannot drift.
+Needs Chromium and its driver (Debian: ``apt-get install chromium chromium-driver``) and selenium
+(the dev extra). The server is a subprocess of this one on 127.0.0.1 and a free port, stopped by its
+PID; every wait is bounded in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "demo.py"
+URL_LINE = re.compile(r"vitpipe demo: (http://\S+)")
+
+
+def chromium() -> tuple[str, str] | None:
+    """(chromium binary, chromedriver) found on PATH, or None."""
+    binary = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    driver = shutil.which("chromedriver")
+    return (binary, driver) if binary and driver else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_demo(overrides: list[str], *, cwd: Path, log: Path, timeout: float = 180.0,
+               env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """``python scripts/demo.py <overrides>`` in ``cwd`` (output to ``log``); returns (process, page URL)
+    once the page answers, within ``timeout`` seconds (else the process is stopped and RuntimeError
+    holds the end of its log)."""
+    import urllib.request
+
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "NO_PROXY": "127.0.0.1,localhost", **(env or {})}
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, str(SCRIPT), *overrides], cwd=cwd, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    deadline, url = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"scripts/demo.py exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        if url is None:
+            found = URL_LINE.search(log.read_text(errors="replace"))
+            url = found.group(1) if found else None
+        if url is not None:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    if r.status == 200:
+                        return proc, url
+            except OSError:
+                pass
+        time.sleep(0.25)
+    stop_demo(proc)
+    raise RuntimeError(f"scripts/demo.py did not serve within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def stop_demo(proc: subprocess.Popen, timeout: float = 15.0) -> int:
+    """SIGTERM to that PID, then SIGKILL after ``timeout`` seconds; returns its exit status."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
+    return proc.returncode
+
+
+def browser(width: int = 1280, height: int = 900):
+    """Headless Chromium through chromedriver (selenium); RuntimeError when either is missing."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    found = chromium()
+    if found is None:
+        raise RuntimeError("chromium and chromedriver are not on PATH (Debian: apt-get install chromium chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = found[0]
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                f"--window-size={width},{height}", "--force-device-scale-factor=1"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(found[1]), options=options)
+    driver.set_page_load_timeout(60)
+    return driver
+
+
+@dataclass
+class PageAnswer:
+    label: str  # the top label, as the page's gr.Label heading shows it
+    percent: str  # its confidence as shown, e.g. "33%"
+    rows: list[tuple[str, str]]  # every shown (label, percent), most probable first
+    overlay_size: tuple[int, int]  # (width, height) of the overlay image the page received
+    input_size: tuple[int, int]  # (width, height) of the model-input image
+
+
+def upload(driver, url: str, image: Path, *, timeout: float = 60.0) -> PageAnswer:
+    """Open the page, give the file input ``image``, and wait (bounded) until the label and both images show."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(url)
+    wait = WebDriverWait(driver, timeout, poll_frequency=0.25)
+    field = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#image input[type=file]"))
+    field.send_keys(str(Path(image).resolve()))
+
+    def answered(d):
+        heads = d.find_elements(By.CSS_SELECTOR, "#topk [data-testid=label-output-value]")
+        imgs = [d.find_elements(By.CSS_SELECTOR, f"#{i} img") for i in ("overlay", "model-input")]
+        if not heads or not heads[0].text.strip() or not all(imgs):
+            return False
+        sizes = [d.execute_script("return [arguments[0].naturalWidth, arguments[0].naturalHeight]", i[0]) for i in imgs]
+        return (heads[0].text.strip(), sizes) if all(w > 0 for w, _ in sizes) else False
+
+    label, (overlay_size, input_size) = wait.until(answered)
+    rows = [(r.find_element(By.CSS_SELECTOR, "dt").text.strip(), r.find_element(By.CSS_SELECTOR, "dd").text.strip())
+            for r in driver.find_elements(By.CSS_SELECTOR, "#topk .confidence-set")]
+    return PageAnswer(label=label, percent=rows[0][1] if rows else "", rows=rows,
+                      overlay_size=tuple(overlay_size), input_size=tuple(input_size))
+
+
+def screenshot(driver, out: Path) -> Path:
+    """The whole page as a PNG (the viewport set to the page's height), written via temp + rename."""
+    from vitpipe.run.files import atomic_write
+
+    width, height = driver.execute_script(
+        "return [document.documentElement.clientWidth, document.documentElement.scrollHeight]")
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": int(width), "height": min(int(height), 3000),
+                                                                  "deviceScaleFactor": 1, "mobile": False})
+    time.sleep(0.5)  # the page lays itself out again
+    png = driver.get_screenshot_as_png()
+    atomic_write(Path(out), lambda f: f.write(png))
+    return Path(out)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ckpt", required=True, help="ckpt_path of scripts/demo.py: a .ckpt file, a run dir or last")
+    p.add_argument("--image", required=True, type=Path, help="the image file uploaded to the page")
+    p.add_argument("--out", default=Path("docs/img/demo.png"), type=Path)
+    p.add_argument("--method", default="rollout", choices=("rollout", "gradient"))
+    p.add_argument("--work", default=Path("."), type=Path, help="working directory of the server (its logs/)")
+    args = p.parse_args(argv)
+    if not args.image.is_file():
+        p.error(f"--image {args.image}: no such file")
+    log = args.work / "demo_screenshot.log"
+    proc, url = start_demo([f"ckpt_path={args.ckpt}", f"port={free_port()}", f"method={args.method}"],
+                           cwd=args.work, log=log)
+    try:
+        driver = browser()
+        try:
+            answer = upload(driver, url, args.image)
+            out = screenshot(driver, args.out)
+        finally:
+            driver.quit()
+    finally:
+        stop_demo(proc)
+    print(f"demo_screenshot: {out} (page: {answer.label} {answer.percent})")
+    return out
+
+
+if __name__ == "__main__":
+    main()
