@@ -25,6 +25,9 @@ from vitpipe.tasks.predict import predict
 
 # a model on a non-square input (8 x 12 from the 8 x 8 digits): the overlay must keep the 2:3 aspect
 tc.KINDS.setdefault("demo_wide", ["model.pos_embed=learned", "model.img_size=[8,12]"])
+# a NaFlex classifier: each file patchified at its own aspect, at most 12 patches of 2 x 2
+tc.KINDS.setdefault("demo_naflex", ["model.pos_embed=learned", "data.naflex.enabled=true", "data.naflex.seq_lens=[12]",
+                                    "data.naflex.max_seq_len=12"])
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +93,23 @@ def test_overlay_keeps_the_model_inputs_shape_and_aspect(ckpts, images, tmp_path
     assert shown.overlay.dtype == np.uint8 and not np.array_equal(shown.overlay, shown.display)
     heat = shown.attention
     assert torch.isfinite(heat).all() and heat.max() > heat.min()  # a map, not a constant
+
+
+def test_naflex_page_equals_predict_py_and_draws_rollout_at_the_images_own_aspect(ckpts, tmp_path):
+    ckpt = ckpts("demo_naflex")
+    folder = tmp_path / "wide"
+    folder.mkdir()
+    rng = np.random.default_rng(2)
+    Image.fromarray(rng.integers(0, 255, (8, 24), dtype=np.uint8)).save(folder / "wide.png")  # 1:3
+    expected = row_topk(predict_json(tmp_path / "p", ckpt, folder, "topk=3")["wide.png"])
+    model = demo_task.load_model(demo_cfg(tmp_path / "d", ckpt))
+    shown = demo_task.show(model, folder / "wide.png", "rollout", topk=3, display_size=60)
+    assert list(shown.probs) == [n for n, _ in expected]
+    np.testing.assert_allclose(list(shown.probs.values()), [p for _, p in expected], atol=1e-5, rtol=0)
+    assert tuple(shown.attention.shape) == (2, 6)  # 12 patches at 1:3
+    assert shown.display.shape == shown.overlay.shape == (20, 60, 3)  # the 4 x 12 pixels the model saw, x5
+    with pytest.raises(ConfigError, match="NaFlex .* choose rollout"):
+        demo_task.show(model, folder / "wide.png", "gradient")
 
 
 def test_gradient_and_plain_rollout_differ_and_follow_the_models_rollout(ckpts, images, tmp_path):

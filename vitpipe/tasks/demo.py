@@ -37,10 +37,10 @@ from PIL import Image
 from torch import Tensor, nn
 
 from vitpipe.data.images import open_image
-from vitpipe.data.preprocess import Preprocess, naflex_settings
+from vitpipe.data.preprocess import Preprocess
 from vitpipe.errors import ConfigError
 from vitpipe.report.tta import TTAS
-from vitpipe.tasks.predict import calibration_temperature, class_probs, label_names, to_device
+from vitpipe.tasks.predict import Predictor, class_probs, label_names, load_predictor, to_device, top_labels
 from vitpipe.viz.overlay import overlay, to_numpy_image, unnormalize
 from vitpipe.viz.rollout import check_rollout_options, gradient_rollout, naflex_rollout_for_model, rollout_for_model
 
@@ -54,19 +54,23 @@ CSS = ("#image img, #model-input img, #overlay img {image-rendering: pixelated; 
 
 @dataclass
 class DemoModel:
-    """What the page needs from a checkpoint, loaded once."""
+    """What the page needs from a checkpoint, loaded once: predict's ``Predictor`` and the display facts."""
 
-    net: nn.Module  # eval mode, on ``device``; the EMA network when the run kept one (as predict)
-    preprocess: Preprocess
+    loaded: Predictor  # vitpipe.tasks.predict.load_predictor: network, eval transform, tta, temperature
     names: list[str]  # label index -> name
     device: torch.device
-    tta: str
-    temperature: float | None  # from calibration.json, as predict applies it
     mean: tuple[float, ...]  # display: the data's statistics, ``channels`` of them
     std: tuple[float, ...]
     channels: int
     facts: dict[str, str] = field(default_factory=dict)
-    datamodule: object = None
+
+    @property
+    def net(self) -> nn.Module:
+        return self.loaded.net
+
+    @property
+    def preprocess(self) -> Preprocess:
+        return self.loaded.preprocess
 
     @property
     def naflex(self) -> bool:
@@ -121,33 +125,28 @@ def import_gradio():
 
 
 def load_model(cfg: DictConfig) -> DemoModel:
-    """The checkpoint ``cfg.ckpt_path`` names, rebuilt as predict rebuilds it (data is never code)."""
+    """The checkpoint ``cfg.ckpt_path`` names, loaded by predict's own ``load_predictor`` (data is never code)."""
     from vitpipe.config.build import resolve_device
     from vitpipe.models.vit import ViT
-    from vitpipe.run.checkpoint import load_checkpoint, rebuild
-    from vitpipe.run.paths import resolve_ckpt_path
     from vitpipe.tasks.visualize import data_stats
 
     device = resolve_device(cfg.device)
-    path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best")
-    checkpoint = load_checkpoint(path)
-    built = rebuild(checkpoint, path, paths=cfg.paths, task_name=cfg.task_name)
-    net = built.net.to(device).eval()
-    if hasattr(net, "generate"):
-        raise ConfigError(f"the demo page shows classifiers; {path} is a captioner: draw its captions and per-word "
-                          "cross-attention maps with scripts/visualize_attention.py ckpt_path=<ckpt> images=<folder>")
+    loaded = load_predictor(cfg.ckpt_path, paths=cfg.paths, task_name=cfg.task_name, device=device, tta=cfg.tta)
+    if loaded.captioner:
+        raise ConfigError(f"the demo page shows classifiers; {loaded.path} is a captioner: draw its captions and "
+                          "per-word cross-attention maps with scripts/visualize_attention.py ckpt_path=<ckpt> images=<folder>")
+    net = loaded.net
     if not isinstance(net, ViT):  # e.g. model=timm (a CNN): no attention to show
-        raise ConfigError(f"the demo page draws attention maps of a vitpipe ViT; {path} holds a {type(net).__name__}")
-    naflex = naflex_settings(checkpoint.get("vitpipe_config"))
-    preprocess = Preprocess(built.datamodule, net, naflex=naflex)
-    mean, std, channels = data_stats(built.datamodule, net)
-    return DemoModel(net=net, preprocess=preprocess, names=label_names(built.class_names, net.num_classes),
-                     device=device, tta=cfg.tta, temperature=calibration_temperature(path, checkpoint, tta=cfg.tta),
-                     mean=mean, std=std, channels=channels, facts=model_facts(checkpoint, net, path, cfg.tta),
-                     datamodule=built.datamodule)
+        raise ConfigError(f"the demo page draws attention maps of a vitpipe ViT; {loaded.path} holds a "
+                          f"{type(net).__name__}")
+    mean, std, channels = data_stats(loaded.built.datamodule, net)
+    return DemoModel(loaded=loaded, names=label_names(loaded.built.class_names, net.num_classes), device=device,
+                     mean=mean, std=std, channels=channels,
+                     facts=model_facts(loaded.checkpoint, net, loaded.path, cfg.tta, loaded.temperature))
 
 
-def model_facts(checkpoint: dict, net: nn.Module, path: Path, tta: str) -> dict[str, str]:
+def model_facts(checkpoint: dict, net: nn.Module, path: Path, tta: str,
+                temperature: float | None = None) -> dict[str, str]:
     """Architecture, data, test accuracy and the checkpoint, as lines for the page (the terms of the
     exported model card, ``vitpipe.export.model_card``: its ``run_metrics`` reads the test metrics)."""
     from vitpipe.export.model_card import run_metrics
@@ -167,7 +166,8 @@ def model_facts(checkpoint: dict, net: nn.Module, path: Path, tta: str) -> dict[
         "Data": f"{data}, {net.num_classes} classes",
         "Test accuracy": (f"{acc:.4f} (test/acc of the run's metrics.json)" if acc is not None
                           else "not recorded (no test/acc in a metrics.json beside the checkpoint's run)"),
-        "Checkpoint": f"{path.name} (tta={tta})",
+        "Checkpoint": f"{path.name} (tta={tta}" + (f", calibration temperature {temperature:g})" if temperature
+                                                   else ")"),
     }
 
 
@@ -179,11 +179,12 @@ def model_input(model: DemoModel, path) -> Tensor | dict:
 
 def top_k(model: DemoModel, x, k: int) -> tuple[dict[str, float], int]:
     """``({label: probability}`` of the ``k`` most probable classes, the top class index)``: predict's
-    probabilities (``class_probs``: TTA, then the calibration temperature, then softmax)."""
+    probabilities (``class_probs``: TTA, then the calibration temperature, then softmax) and ranking."""
     with torch.inference_mode():
-        probs = class_probs(model.net, x, tta=model.tta, temperature=model.temperature)[0].cpu()  # (classes,)
-    values, idx = probs.topk(min(k, probs.numel()))
-    return {model.names[i]: float(v) for v, i in zip(values.tolist(), idx.tolist())}, int(idx[0])
+        probs = class_probs(model.net, x, tta=model.loaded.tta, temperature=model.loaded.temperature)  # (1, classes)
+    probs = probs.cpu()
+    top = top_labels(probs, model.names, k)[0]
+    return dict(zip(top["labels"], top["probs"])), int(probs[0].argmax())
 
 
 def attention_map(model: DemoModel, x, method: str, target: int, *, head_fusion: str = "mean",
@@ -327,7 +328,7 @@ def demo(cfg: DictConfig) -> None:
     import_gradio()  # before the checkpoint is read: a missing install costs nothing
     model = load_model(cfg)
     folder = output_dir(cfg) / "examples"
-    examples = test_examples(model.datamodule, cfg.num_examples, folder)
+    examples = test_examples(model.loaded.built.datamodule, cfg.num_examples, folder)
     page = build_page(model, cfg, examples)
     page.queue(default_concurrency_limit=1)  # one model, one image at a time
     _, url, _ = page.launch(server_name=cfg.server_name, server_port=cfg.port, share=False, inbrowser=False,

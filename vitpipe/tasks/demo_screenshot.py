@@ -88,7 +88,8 @@ def browser(width: int = 1280, height: int = 900):
 
     found = chromium()
     if found is None:
-        raise RuntimeError("chromium and chromedriver are not on PATH (Debian: apt-get install chromium chromium-driver)")
+        raise RuntimeError("chromium and chromedriver are not on PATH "
+                           "(Debian: apt-get install chromium chromium-driver)")
     options = webdriver.ChromeOptions()
     options.binary_location = found[0]
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
