@@ -1,0 +1,164 @@
+"""``serve(cfg)``: the body of ``scripts/serve.py``: an HTTP endpoint over the predict path (LitServe).
+
+    python scripts/serve.py ckpt_path=<ckpt | run dir | last> [port=8000 max_batch_size=32 batch_timeout_ms=10
+                            workers_per_device=1 backend=torch|onnx]
+
+``POST /predict`` with ``{"image": "<base64 of the file>"}`` or a multipart form (file in field
+``image``) -> ``{"labels": [...], "probs": [...]}`` (top-k, ``scripts/predict.py``'s probabilities:
+the checkpoint's eval transform, its calibration temperature), ``{"caption": ...}`` for captioners;
+``?explain=rollout|gradient_rollout`` adds the attention map. Requests are batched dynamically
+(LitServe's ``max_batch_size`` / ``batch_timeout``). ``backend=onnx`` runs an exported ONNX file
+(``onnx_path``, checked against the checkpoint at start-up; exported here when not given) in
+onnxruntime. ``GET /health`` is 200 ``ok`` once the workers are ready; ``GET /info`` shows the model
+and the batch settings. docs/serving.md has the request and error reference.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from vitpipe.errors import ConfigError, check_int
+
+BACKENDS = ("torch", "onnx")
+DEVICES = ("auto", "cpu", "cuda")
+INSTALL = 'pip install -e ".[serve]"'
+
+
+def require(module: str, what: str):
+    """``importlib.import_module(module)``, or ConfigError with the install command."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"{what} needs {module}, which is not installed: {INSTALL}") from None
+
+
+def check_options(cfg: DictConfig) -> None:
+    """Everything checkable before the checkpoint is read: one ConfigError line naming the value."""
+    check_int(cfg.port, "port", 1)
+    if cfg.port > 65535:
+        raise ConfigError(f"port={cfg.port}: expected an int in 1..65535")
+    for key in ("max_batch_size", "workers_per_device", "topk"):
+        check_int(cfg.get(key), key, 1)
+    for key in ("batch_timeout_ms", "max_body_mb", "timeout_s"):
+        v = cfg.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (key != "batch_timeout_ms" and v == 0):
+            raise ConfigError(f"{key}={v!r}: expected a number {'>= 0' if key == 'batch_timeout_ms' else '> 0'}")
+    if cfg.backend not in BACKENDS:
+        raise ConfigError(f"backend={cfg.backend!r}; valid choices: {', '.join(BACKENDS)}")
+    if cfg.device not in DEVICES:
+        raise ConfigError(f"device={cfg.device!r}; valid choices: {', '.join(DEVICES)}")
+    if cfg.get("onnx_path") and cfg.backend != "onnx":
+        raise ConfigError(f"onnx_path={cfg.onnx_path} is served with backend=onnx; add backend=onnx or drop onnx_path")
+    if cfg.get("onnx_path") and not Path(str(cfg.onnx_path)).is_file():
+        raise ConfigError(f"onnx_path={cfg.onnx_path}: no such file; export one with scripts/export.py format=onnx")
+    from vitpipe.viz.rollout import check_rollout_options
+
+    check_rollout_options(head_fusion=cfg.head_fusion, discard_ratio=cfg.discard_ratio)
+
+
+def explain_choices(loaded) -> tuple[str, ...]:
+    """What ``?explain=`` can draw for this checkpoint: both rollouts for a fixed-size classifier,
+    attention rollout on each image's own grid for a NaFlex one, nothing for a captioner."""
+    if loaded.captioner:
+        return ()
+    return ("rollout",) if loaded.preprocess.max_seq_len is not None else ("rollout", "gradient_rollout")
+
+
+def onnx_file(cfg: DictConfig, loaded) -> str:
+    """The ONNX file to serve: ``onnx_path`` checked against the checkpoint's network (logits within
+    1e-4 in onnxruntime, as scripts/export.py checks its own), or, when not given, exported now
+    (``vitpipe.export.onnx_format.export_onnx``) into the run directory."""
+    import torch
+
+    from vitpipe.export.onnx_format import check_onnx, export_onnx
+    from vitpipe.export.timm_format import naflex_probe
+
+    require("onnxruntime", "backend=onnx")
+    if loaded.captioner:
+        raise ConfigError("backend=onnx serves classifiers; this checkpoint is a captioner: use backend=torch")
+    net, spec = loaded.net.cpu(), loaded.preprocess.spec
+    if not cfg.get("onnx_path"):
+        out = Path(cfg.paths.output_dir) / "model.onnx"
+        diff = export_onnx(net, spec, out)
+        print(f"vitpipe serve: exported {out} (onnxruntime logits within {diff:.2g} of PyTorch's)", flush=True)
+        return str(out)
+    probe = (naflex_probe(spec, net.patch_size) if spec.max_seq_len is not None
+             else torch.randn(3, spec.in_chans, *spec.img_size))
+    check_onnx(net, Path(str(cfg.onnx_path)), probe)  # ExportCheckError: another network's file
+    return str(cfg.onnx_path)
+
+
+def banner(cfg: DictConfig, loaded, onnx_path: str | None) -> str:
+    """What start-up prints: the URL, the model, the classes, the batch settings."""
+    net = loaded.net
+    url = f"http://{cfg.host}:{cfg.port}"
+    model = f"{type(net).__name__} {loaded.built.cfg.model.get('name', '')}".strip()
+    lines = [f"vitpipe serve: POST {url}/predict  (health: {url}/health, info: {url}/info)",
+             f"  model: {loaded.path} ({model}; backend={cfg.backend}{f' {onnx_path}' if onnx_path else ''}, "
+             f"device={cfg.device})"]
+    if loaded.captioner:
+        lines.append("  answers: captions")
+    else:
+        from vitpipe.tasks.predict import label_names
+
+        names = label_names(loaded.built.class_names, int(net.num_classes))
+        shown = ", ".join(names[:20]) + (f", ... ({len(names) - 20} more)" if len(names) > 20 else "")
+        temp = f"; temperature {loaded.temperature:g} (calibration.json)" if loaded.temperature else ""
+        lines.append(f"  classes ({len(names)}): {shown}; top-{min(cfg.topk, len(names))}, tta={cfg.tta}{temp}")
+    lines.append(f"  batching: max_batch_size={cfg.max_batch_size}, batch_timeout_ms={cfg.batch_timeout_ms:g}, "
+                 f"workers_per_device={cfg.workers_per_device}; body limit {cfg.max_body_mb:g} MB")
+    return "\n".join(lines)
+
+
+def build_server(cfg: DictConfig, loaded, onnx_path: str | None):
+    """The LitServer: ``ImageAPI`` behind the ``RequestGate`` edge."""
+    ls = require("litserve", "scripts/serve.py")
+    from vitpipe.tasks.serving.api import ImageAPI
+    from vitpipe.tasks.serving.edge import RequestGate
+
+    api = ImageAPI(ckpt_path=str(loaded.path), paths=OmegaConf.to_container(cfg.paths, resolve=True), topk=cfg.topk,
+                   tta=cfg.tta, onnx_path=onnx_path, head_fusion=cfg.head_fusion, discard_ratio=cfg.discard_ratio,
+                   max_batch_size=cfg.max_batch_size, batch_timeout=cfg.batch_timeout_ms / 1000)
+    gate = (RequestGate, {"path": "/predict", "max_body_bytes": int(cfg.max_body_mb * 1e6),
+                          "explain_choices": explain_choices(loaded)})
+    metadata = {"checkpoint": str(loaded.path), "backend": cfg.backend, "onnx_path": onnx_path,
+                "captioner": loaded.captioner, "max_batch_size": cfg.max_batch_size,
+                "batch_timeout_ms": cfg.batch_timeout_ms, "explain": list(explain_choices(loaded))}
+    return ls.LitServer(api, accelerator=cfg.device, workers_per_device=cfg.workers_per_device,
+                        timeout=cfg.timeout_s, middlewares=[gate], model_metadata=metadata)
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM to this process runs LitServe's Ctrl-C shutdown (its worker and HTTP processes stopped with
+    it); the HTTP processes it forks inherit the handler and get the default behaviour back."""
+    main = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() == main:
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def serve(cfg: DictConfig) -> None:
+    """Load, check, print the banner, serve until stopped (Ctrl-C or SIGTERM)."""
+    from vitpipe.tasks.predict import load_predictor
+
+    check_options(cfg)
+    require("litserve", "scripts/serve.py")
+    loaded = load_predictor(cfg.ckpt_path, paths=cfg.paths, task_name=cfg.task_name, device="cpu", tta=cfg.tta)
+    onnx_path = onnx_file(cfg, loaded) if cfg.backend == "onnx" else None
+    server = build_server(cfg, loaded, onnx_path)
+    print(banner(cfg, loaded, onnx_path), flush=True)
+    del loaded  # the workers load their own copy on their device
+    stop_on_sigterm()
+    server.run(host=cfg.host, port=cfg.port, generate_client_file=False, log_level=cfg.log_level)
+    sys.stdout.flush()
