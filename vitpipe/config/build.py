@@ -44,6 +44,7 @@ def check_config(cfg: DictConfig) -> None:
     check_values(cfg)
     check_labels_used(cfg)
     check_naflex_module(cfg)
+    check_multilabel(cfg)
     try:
         model_n, data_n = cfg.model.get("num_classes"), cfg.data.get("num_classes")
     except MissingMandatoryValue as e:
@@ -81,6 +82,35 @@ def check_naflex_module(cfg: DictConfig) -> None:
         if on:
             raise ConfigError(f"data.naflex.enabled=true feeds patch dicts: {key} needs whole images; "
                               f"set {key}=null or data.naflex.enabled=false")
+
+
+def check_multilabel(cfg: DictConfig) -> None:
+    """``module.task=multilabel`` trains on label sets, which only an image folder with a labels file gives
+    (``data.labels=<file>.csv``), and neither with a distillation teacher (its softmax targets), the
+    class-balanced sampler (one class per image) nor NaFlex; a labels file needs ``module.task=multilabel``."""
+    data, module = cfg.get("data"), cfg.get("module")
+    if not isinstance(data, DictConfig) or not isinstance(module, DictConfig):
+        return
+    labels = data.get("labels") if "labels" in data else None
+    labels_file = isinstance(labels, str) and labels.lower().endswith(".csv")
+    classifier = str(module.get("_target_", "")).endswith("ImageClassifier")
+    multilabel = module.get("task", "multiclass") == "multilabel"
+    if labels_file and classifier and not multilabel:
+        raise ConfigError(f"data.labels={labels} gives each image a set of labels; set module.task=multilabel")
+    if not multilabel:
+        return
+    if not labels_file:
+        name = str(data.get("_target_", "?")).rsplit(".", 1)[-1]
+        raise ConfigError(f"module.task=multilabel needs label sets: data=imagefolder data.labels=<labels file>.csv "
+                          f"(vitpipe/data/multilabel.py); {name} with data.labels={labels} gives one class per image")
+    distill, naflex = module.get("distill"), data.get("naflex")
+    for key, on in (("module.distill.teacher", isinstance(distill, DictConfig) and distill.get("teacher") is not None),
+                    ("data.sampler", data.get("sampler", "default") != "default"),
+                    ("data.naflex.enabled", isinstance(naflex, DictConfig) and bool(naflex.get("enabled")))):
+        if on:
+            default = {"module.distill.teacher": "null", "data.sampler": "default"}.get(key, "false")
+            raise ConfigError(f"module.task=multilabel cannot take {key}={OmegaConf.select(cfg, key)} "
+                              f"(it needs one class per image); set {key}={default}")
 
 
 def check_device(cfg: DictConfig) -> None:

@@ -7,9 +7,15 @@ its weight-decay exclusions.
 One network is trained: ``self.net`` (checkpoint keys ``net.*``). With ``ema_decay`` the module
 also keeps ``self.ema`` (timm ``ModelEmaV3``, keys ``ema.module.*``), an averaged copy of its
 weights. ``eval_net`` names the network validation and test run: the EMA copy when there is one.
+
+``task="multilabel"`` trains one sigmoid per class on multi-hot targets (B, C) (vitpipe.lit.losses:
+BCE or ASL; vitpipe.metrics.multilabel: mAP, F1, precision, recall); ``multiclass`` (the default) is
+cross-entropy on class indices (B,).
 """
 
 from __future__ import annotations
+
+import re
 
 import lightning as L
 import torch
@@ -22,10 +28,29 @@ from vitpipe.data.naflex import loss_scale
 from vitpipe.errors import ConfigError
 from vitpipe.lit.distill import check_distill, combine, load_teacher, teacher_input
 from vitpipe.lit.finetune import FineTuning, add_probe_bn, check_finetune
+from vitpipe.lit.losses import check_loss, multilabel_loss
 from vitpipe.lit.nonfinite import NonFiniteGuard, NonFiniteLossError, check_policy
 from vitpipe.lit.optim import ConfiguredOptimizers, check_layer_decay
+from vitpipe.metrics.multilabel import MultilabelScores
 
 __all__ = ["ImageClassifier", "NonFiniteLossError"]
+
+TASKS = ("multiclass", "multilabel")
+
+
+def check_task(task: str, loss: str | None, distill: dict | None) -> str | None:
+    """The loss ``task`` trains with (``ce``, ``bce`` or ``asl``); ConfigError naming a bad combination."""
+    if task not in TASKS:
+        raise ConfigError(f"module.task={task!r}; valid choices: {', '.join(TASKS)}")
+    if task == "multiclass":
+        if loss not in (None, "ce"):
+            raise ConfigError(f"module.loss={loss!r} is a multi-label loss; set module.task=multilabel, "
+                              "or module.loss=null (cross-entropy)")
+        return "ce"
+    if distill is not None:
+        raise ConfigError("module.task=multilabel cannot distill (the teacher's soft labels are one softmax "
+                          "over classes); set module.distill.teacher=null")
+    return "bce" if loss is None else loss
 
 
 class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
@@ -59,6 +84,14 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
             (null: off; a vitpipe checkpoint, a timm export folder, a timm name, a weights file with
             ``arch``), ``type`` soft | hard, ``alpha``, ``tau``. With ``model.dist_token`` the
             distillation head learns from the teacher, the class head from the labels (DeiT).
+        task: ``multiclass`` (softmax cross-entropy on class indices) or ``multilabel`` (a sigmoid per
+            class on multi-hot targets; no distillation). With ``multilabel``, ``label_smoothing`` moves
+            each target towards 0.5 (timm's ``BinaryCrossEntropy(smooth_dense=True)``), mixup mixes the
+            multi-hot targets (timm's ``Mixup(multi_label=True)``) and ``class_weights`` are BCE's
+            ``pos_weight`` (``balanced``: negatives / positives per class of the training split).
+        loss: null (the task's: ``ce`` | ``bce``), or ``asl`` (multi-label; Ridnik et al. 2021) with
+            ``asl: {gamma_neg, gamma_pos, clip}`` (vitpipe.lit.losses).
+        threshold: multi-label F1/precision/recall count a class as predicted at sigmoid >= threshold.
     """
 
     def __init__(self, net: nn.Module, optimizer, scheduler=None, *, warmup_fraction: float = 0.05,
@@ -66,16 +99,22 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
                  compile: bool = False, nonfinite: str = "error",
                  class_weights: str | list[float] | None = None, layer_decay: float | None = None,
                  finetune: str = "full", finetune_warmup_epochs: int = 0, distill: dict | None = None,
-                 probe_bn: bool = False) -> None:
+                 probe_bn: bool = False, task: str = "multiclass", loss: str | None = None,
+                 asl: dict | None = None, threshold: float = 0.5) -> None:
         super().__init__()
         check_policy(nonfinite)
         self.distill = check_distill(distill)
+        self.loss_name = check_task(task, loss, self.distill)
+        self.multilabel = task == "multilabel"
+        self.asl = check_loss(self.loss_name, asl) if self.multilabel else None
+        if not 0.0 < float(threshold) < 1.0:
+            raise ConfigError(f"module.threshold={threshold!r}: a probability in (0, 1), e.g. 0.5")
         # The teacher lives outside the module tree (a plain attribute): no optimizer, checkpoint or
         # DDP wrapper sees it, and train()/eval() never switch it out of eval mode. Loaded in setup("fit").
         object.__setattr__(self, "teacher", None)
         check_finetune(finetune, finetune_warmup_epochs)
         check_layer_decay(layer_decay, net)
-        # (C,) or None; "balanced" is filled in setup("fit"), once the training labels are known
+        # (C,) or None (multi-label: BCE's pos_weight); "balanced" is filled in setup("fit"), once the training labels are known
         self.register_buffer("class_weight", _class_weight(class_weights, net.num_classes), persistent=False)
         if type(probe_bn) is not bool:  # 1 or "true" from a hand-written config: say so
             raise ValueError(f"module.probe_bn={probe_bn!r}: expected true or false")
@@ -89,7 +128,8 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         if mixup:
             from timm.data import Mixup
 
-            self.mixup = Mixup(**{"label_smoothing": label_smoothing, **dict(mixup)}, num_classes=n)
+            self.mixup = Mixup(**{"label_smoothing": label_smoothing, **dict(mixup)}, num_classes=n,
+                               multi_label=self.multilabel)  # multi-label: multi-hot targets mixed, smoothed to 0.5
         self.ema = None
         if ema_decay:
             from timm.utils import ModelEmaV3
@@ -99,13 +139,15 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         self.naflex = None  # the data module's NaFlexConfig when it feeds patch dicts (setup("fit"))
 
         def accuracies():
+            if self.multilabel:
+                return MultilabelScores(n, threshold=float(threshold))
             return MetricCollection({"acc": MulticlassAccuracy(n, top_k=1, average="micro"),
                                      "acc_top5": MulticlassAccuracy(n, top_k=min(5, n), average="micro")})
 
-        self.train_acc = MulticlassAccuracy(n, top_k=1, average="micro")
+        self.train_acc = None if self.multilabel else MulticlassAccuracy(n, top_k=1, average="micro")
         self.val_metrics, self.test_metrics = accuracies(), accuracies()
         self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
-        self.val_acc_best = MaxMetric()
+        self.val_acc_best = MaxMetric()  # of the monitored score: val/acc, or val/map (multi-label)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -139,11 +181,35 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
                                    in_chans=getattr(self.net, "in_chans", 3), arch=d["arch"],
                                    kwargs=d["kwargs"], img_size=d["img_size"])  # fmt: skip
             object.__setattr__(self, "teacher", teacher)
+        if datamodule is not None and bool(getattr(datamodule, "multilabel", False)) != self.multilabel:
+            raise ConfigError(f"module.task={self.hparams.get('task', 'multiclass')} but the data gives "
+                              + ("multi-hot label sets: set module.task=multilabel" if not self.multilabel else
+                                 "one class per image: use data=imagefolder data.labels=<labels file>.csv"))
         if stage == "fit" and self.hparams.class_weights == "balanced":
-            from vitpipe.data.balance import balanced_class_weights, class_counts, dataset_labels
+            self.class_weight = self._balanced_weight(self.trainer.datamodule.data_train).to(self.device)
 
-            labels = dataset_labels(self.trainer.datamodule.data_train)  # every rank: the whole split
-            self.class_weight = balanced_class_weights(class_counts(labels, self.net.num_classes)).to(self.device)
+    def _balanced_weight(self, data_train) -> torch.Tensor:
+        """Every rank: from the whole training split. Multi-label: pos_weight, negatives / positives per class."""
+        if self.multilabel:
+            from vitpipe.data.multilabel import balanced_pos_weight, multilabel_targets
+
+            return balanced_pos_weight(multilabel_targets(data_train))
+        from vitpipe.data.balance import balanced_class_weights, class_counts, dataset_labels
+
+        return balanced_class_weights(class_counts(dataset_labels(data_train), self.net.num_classes))
+
+    def _loss(self, logits: torch.Tensor, y: torch.Tensor, *, mixed: bool) -> torch.Tensor:
+        """The training loss; ``mixed``: ``y`` holds timm Mixup's targets, already smoothed."""
+        smoothing = 0.0 if mixed else self.hparams.label_smoothing
+        if self.multilabel:
+            return multilabel_loss(logits, y, loss=self.loss_name, asl=self.asl, smoothing=smoothing,
+                                   pos_weight=self.class_weight)
+        return F.cross_entropy(logits, y, weight=self.class_weight, label_smoothing=smoothing)
+
+    def _train_acc(self, logits: torch.Tensor, y: torch.Tensor) -> None:
+        if self.train_acc is not None:
+            self.train_acc(logits, y)
+            self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, batch_size=len(y))
 
     def on_fit_start(self) -> None:
         if self.teacher is not None:
@@ -156,11 +222,10 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         x, y = batch
         if isinstance(x, dict):  # NaFlex patch dicts (vitpipe.data.naflex): no mixup/distillation (refused)
             logits = self.net(x)
-            loss = F.cross_entropy(logits, y, weight=self.class_weight, label_smoothing=self.hparams.label_smoothing)
+            loss = self._loss(logits, y, mixed=False)
             if self.naflex is not None:  # timm's --naflex-loss-scale: the batch's share of the token budget
                 loss = loss * loss_scale(len(y), self.naflex.batch_size, self.naflex.loss_scale)
-            self.train_acc(logits, y)
-            self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, batch_size=len(y))
+            self._train_acc(logits, y)
             return self.finish_training_step(loss, batch_idx)
         mixed = self.mixup is not None and x.shape[0] % 2 == 0  # timm's Mixup needs an even batch
         if mixed:
@@ -170,11 +235,10 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
         else:
             logits = dist_logits = self.net(x)
         if mixed:
-            loss = F.cross_entropy(logits, soft, weight=self.class_weight)  # soft targets: mean over the batch
+            loss = self._loss(logits, soft, mixed=True)  # soft targets: mean over the batch
         else:
-            loss = F.cross_entropy(logits, y, weight=self.class_weight, label_smoothing=self.hparams.label_smoothing)
-            self.train_acc(logits, y)
-            self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
+            loss = self._loss(logits, y, mixed=False)
+            self._train_acc(logits, y)
         if self.teacher is not None:
             with torch.no_grad():
                 # (B, C), on the same (mixed) images, at the teacher's input size
@@ -203,7 +267,9 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
     def _eval_step(self, batch, loss_metric, metrics, prefix: str) -> torch.Tensor:
         x, y = batch
         logits = self.eval_net(x)
-        loss_metric(F.cross_entropy(logits, y), weight=len(y))  # per image: the last batch is often smaller
+        # unweighted, unsmoothed; per image: the last batch is often smaller
+        loss = F.binary_cross_entropy_with_logits(logits, y.float()) if self.multilabel else F.cross_entropy(logits, y)
+        loss_metric(loss, weight=len(y))
         metrics.update(logits, y)
         self.log(f"{prefix}/loss", loss_metric, on_step=False, on_epoch=True, prog_bar=prefix == "val",
                  batch_size=len(y))
@@ -215,6 +281,12 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         scores = self.val_metrics.compute()  # synced over ranks: the whole validation set, counted once
         self.val_metrics.reset()
+        if self.multilabel:
+            self.val_acc_best(scores["map"])
+            self.log_dict(_multilabel_logs("val", scores), sync_dist=False)
+            self.log_dict({"val/map": scores["map"], "val/map_best": self.val_acc_best.compute()}, prog_bar=True,
+                          sync_dist=False)
+            return
         self.val_acc_best(scores["acc"])
         self.log_dict({"val/acc": scores["acc"], "val/acc_top5": scores["acc_top5"]}, prog_bar=True, sync_dist=False)
         self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True)
@@ -226,7 +298,24 @@ class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
     def on_test_epoch_end(self) -> None:
         scores = self.test_metrics.compute()
         self.test_metrics.reset()
+        if self.multilabel:
+            names = getattr(getattr(self.trainer, "datamodule", None), "class_names", None) if self._trainer else None
+            self.log_dict({**_multilabel_logs("test", scores), "test/map": scores["map"],
+                           **per_class_ap(scores["ap"], names)}, sync_dist=False)
+            return
         self.log_dict({"test/acc": scores["acc"], "test/acc_top5": scores["acc_top5"]})
+
+
+def _multilabel_logs(prefix: str, scores: dict) -> dict:
+    """Every scalar of MultilabelScores but ``map`` (logged with the progress bar) and per-class AP."""
+    return {f"{prefix}/{k}": v for k, v in scores.items() if k not in ("map", "ap")}
+
+
+def per_class_ap(ap: torch.Tensor, names: list[str] | None) -> dict:
+    """``test/ap/<class>`` per class (names made key-safe: other characters become ``_``; the
+    index when names are unknown); NaN for a class without positives in the split."""
+    keys = [re.sub(r"[^0-9A-Za-z_.-]", "_", str(n)) for n in names] if names and len(names) == len(ap) else None
+    return {f"test/ap/{keys[c] if keys else c}": ap[c] for c in range(len(ap))}
 
 
 def _class_weight(value, num_classes: int) -> torch.Tensor | None:

@@ -1,0 +1,9 @@
+"""Fashion-MNIST 2x2 mosaics labelled with the set of classes present, as an image folder with a labels file
+(body: vitpipe/tasks/make_mosaics.py): `python scripts/make_mosaics.py --out DIR [--train N --val N --test N --seed S]`."""
+
+import sys
+
+from vitpipe.tasks.make_mosaics import main
+
+if __name__ == "__main__":
+    sys.exit(main())
