@@ -250,3 +250,29 @@ def test_visualize_naflex_draws_each_image_at_its_aspect(ckpt, tmp_path):
     with pytest.raises(ConfigError, match="method=heads"):
         visualize(make_cfg(tmp_path, [f"ckpt_path={ckpt}", f"images={folder}", f"out={tmp_path / 'v2'}",
                                       "device=cpu", "method=heads"], config_name="visualize"))
+
+
+def test_the_model_cards_naflex_snippet_predicts_like_predict(ckpt, tmp_path, monkeypatch):
+    """The usage block of an exported NaFlexVit's README.md, run as a reader would (from the folder that holds
+    the export, timm's own NaFlex transform), gives the label and probability of scripts/predict.py per file."""
+    import re
+
+    from vitpipe.tasks.export import export
+    from vitpipe.tasks.predict import predict
+
+    out = export(export_cfg(tmp_path, ckpt, "timm", tmp_path / "naflex_vit"))
+    (code,) = re.findall(r"```python\n(.*?)```", (out / "README.md").read_text(), flags=re.S)
+    assert "naflex=True" in code and "local-dir:naflex_vit" in code
+    files = image_folder(tmp_path / "imgs")
+    rows = {Path(r["path"]).name: r for r in json.loads(predict(make_cfg(tmp_path, [
+        f"ckpt_path={ckpt}", f"images={tmp_path / 'imgs'}", "topk=1", "device=cpu", f"out={tmp_path / 'p.json'}"],
+        config_name="predict")).read_text())}
+    monkeypatch.chdir(tmp_path)
+    probs = []
+    for f in files:
+        scope: dict = {}
+        exec(compile(code.replace('"image.png"', repr(str(f))), "README.md", "exec"), scope)  # our own card
+        assert scope["label"] == rows[f.name]["label"]
+        probs.append(float(scope["probs"].max()))
+        assert abs(probs[-1] - float(rows[f.name]["prob"])) < 1e-5
+    assert np.std(probs) > 1e-3  # the files get different answers: the comparison means something

@@ -136,6 +136,8 @@ def model_card(*, name: str, net: nn.Module, arch: str, spec: InputSpec, train_c
 
 def _usage(name: str, spec: InputSpec) -> str:
     convert = "L" if spec.in_chans == 1 else "RGB"
+    if spec.max_seq_len is not None:
+        return _naflex_usage(name, spec, convert)
     return (
         "```python\n"
         "import timm, torch\n"
@@ -145,6 +147,28 @@ def _usage(name: str, spec: InputSpec) -> str:
         "transform = timm.data.create_transform(**cfg)\n"
         f'x = transform(Image.open("image.png").convert("{convert}"))[None]\n'
         "probs = model(x).softmax(-1)\n"
+        "label = model.pretrained_cfg['label_names'][probs.argmax().item()]\n"
+        "```\n"
+    )
+
+
+def _naflex_usage(name: str, spec: InputSpec, convert: str) -> str:
+    """A NaFlexVit takes timm's patch dictionary: timm's NaFlex transform (the image at its own aspect, the
+    largest grid of at most ``max_seq_len`` patches), a batch of one; several images: pad with
+    ``timm.data.naflex_dataset``'s collate or vitpipe's ``vitpipe.nn.naflex.pad_batch``."""
+    return (
+        "```python\n"
+        "import json, timm, torch\n"
+        "from PIL import Image\n"
+        "from torchvision.transforms.functional import to_tensor\n\n"
+        f'model = timm.create_model("local-dir:{name}", pretrained=True).eval()  # or "hf-hub:<user>/<repo>"\n'
+        f'naflex = json.load(open("{name}/config.json"))["naflex"]  # max_seq_len {spec.max_seq_len}, patch_size\n'
+        "cfg = timm.data.resolve_data_config({}, model=model)\n"
+        "transform = timm.data.create_transform(**cfg, naflex=True, patch_size=tuple(naflex['patch_size']),\n"
+        "                                       max_seq_len=naflex['max_seq_len'], patchify=True)\n"
+        "# a float tensor, resized by torch (bicubic, antialiased) as in training; PIL's resize differs slightly\n"
+        f'x = transform(to_tensor(Image.open("image.png").convert("{convert}")))  # patches, patch_coord, patch_valid\n'
+        "probs = model({k: v[None] for k, v in x.items()}).softmax(-1)\n"
         "label = model.pretrained_cfg['label_names'][probs.argmax().item()]\n"
         "```\n"
     )
