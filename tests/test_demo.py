@@ -199,8 +199,10 @@ def test_browser_upload_shows_predict_pys_label_and_probability(served, images, 
 
 @pytest.mark.slow
 @pytest.mark.skipif(browser_page.chromium() is None, reason="chromium and chromedriver are not installed")
-def test_screenshot_command_writes_the_page_with_its_answer(ckpts, images, tmp_path):
-    out = browser_page.main(["--ckpt", str(ckpts("learned")), "--image", str(sorted(images.glob("*.png"))[0]),
-                             "--out", str(tmp_path / "demo.png"), "--work", str(tmp_path)])
+def test_screenshot_command_writes_the_page_with_its_answer(ckpts, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    out = browser_page.main(["--ckpt", str(ckpts("learned")), "--example", "1", "--out", "shot/demo.png"])
+    assert out == Path("shot/demo.png")
     with Image.open(out) as png:
         assert png.width >= 1000 and png.height >= 600
+    assert "00001_6.png" in capsys.readouterr().out  # the second test-split example was uploaded

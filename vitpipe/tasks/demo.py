@@ -22,6 +22,7 @@ says how to install it. Analytics are off, the server binds ``server_name`` (127
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -330,12 +331,14 @@ def demo(cfg: DictConfig) -> None:
     folder = output_dir(cfg) / "examples"
     examples = test_examples(model.loaded.built.datamodule, cfg.num_examples, folder)
     page = build_page(model, cfg, examples)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup requests to itself, not news
     page.queue(default_concurrency_limit=1)  # one model, one image at a time
     _, url, _ = page.launch(server_name=cfg.server_name, server_port=cfg.port, share=False, inbrowser=False,
                             prevent_thread_lock=True, show_error=True, ssr_mode=False, quiet=True, css=CSS,
                             allowed_paths=[str(folder)] if examples else None)
     print(f"vitpipe demo: {url} ({model.facts['Checkpoint']}; {len(examples)} example(s); Ctrl-C stops)", flush=True)
     try:
-        page.block_thread()  # until Ctrl-C; a SIGTERM ends the process as it is
+        page.block_thread()  # until Ctrl-C (Gradio closes the server; exit status 0); SIGTERM ends it as it is
     finally:
         page.close(verbose=False)
+    print("vitpipe demo: stopped", flush=True)

@@ -1,7 +1,8 @@
 """The demo page in a real browser: start ``scripts/demo.py``, upload an image in headless Chromium,
 read the page's answer, and (as a command) save a screenshot of it.
 
-    python -m vitpipe.tasks.demo_screenshot --ckpt <ckpt | run dir> --image <file> --out docs/img/demo.png
+    python -m vitpipe.tasks.demo_screenshot --ckpt <ckpt | run dir | last> [--image <file> | --example N] \
+        --out docs/img/demo.png
 
 The same functions drive tests/test_demo.py's browser test, so the picture and the test cannot drift.
 Needs Chromium and its driver (Debian: ``apt-get install chromium chromium-driver``) and selenium
@@ -148,29 +149,47 @@ def screenshot(driver, out: Path) -> Path:
     return Path(out)
 
 
+def example_image(ckpt: str, index: int, folder: Path) -> Path:
+    """The ``index``-th test-split example of the checkpoint's data, as the page writes its examples."""
+    from vitpipe.run.paths import default_paths
+    from vitpipe.tasks.demo import test_examples
+    from vitpipe.tasks.predict import load_predictor
+
+    loaded = load_predictor(ckpt, paths=default_paths(), task_name="demo")
+    files = test_examples(loaded.built.datamodule, index + 1, folder)
+    if len(files) <= index:
+        raise SystemExit(f"demo_screenshot: --example {index}: the checkpoint's test split gives {len(files)} "
+                         "example(s) here; pass --image <file>")
+    return files[index]
+
+
 def main(argv: list[str] | None = None) -> Path:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ckpt", required=True, help="ckpt_path of scripts/demo.py: a .ckpt file, a run dir or last")
-    p.add_argument("--image", required=True, type=Path, help="the image file uploaded to the page")
+    p.add_argument("--image", type=Path, help="the image file uploaded to the page (default: a test-split example)")
+    p.add_argument("--example", type=int, default=0, help="without --image: the test-split example of this index")
     p.add_argument("--out", default=Path("docs/img/demo.png"), type=Path)
     p.add_argument("--method", default="rollout", choices=("rollout", "gradient"))
-    p.add_argument("--work", default=Path("."), type=Path, help="working directory of the server (its logs/)")
     args = p.parse_args(argv)
-    if not args.image.is_file():
+    if args.image is not None and not args.image.is_file():
         p.error(f"--image {args.image}: no such file")
-    log = args.work / "demo_screenshot.log"
+    if args.example < 0:
+        p.error(f"--example {args.example}: expected an index >= 0")
+    work = Path.cwd()  # the server's too: ckpt_path=last and data/ mean the same here and there
+    image = args.image or example_image(args.ckpt, args.example, work / "demo_screenshot_input")
+    log = work / "demo_screenshot.log"
     proc, url = start_demo([f"ckpt_path={args.ckpt}", f"port={free_port()}", f"method={args.method}"],
-                           cwd=args.work, log=log)
+                           cwd=work, log=log)
     try:
         driver = browser()
         try:
-            answer = upload(driver, url, args.image)
+            answer = upload(driver, url, image)
             out = screenshot(driver, args.out)
         finally:
             driver.quit()
     finally:
         stop_demo(proc)
-    print(f"demo_screenshot: {out} (page: {answer.label} {answer.percent})")
+    print(f"demo_screenshot: {out} (page: {answer.label} {answer.percent} for {image.name})")
     return out
 
 
