@@ -282,3 +282,27 @@ def test_cifar10_recipe_composes_and_fast_dev_runs_on_cpu(cfg_factory, tmp_path,
     assert module.mixup is not None and dm.auto_augment == "rand-m9-n2-mstd0.5"
     metrics = train(cfg)
     assert math.isfinite(metrics["test/loss"]) and 0.0 <= metrics["test/acc"] <= 1.0
+
+
+@pytest.mark.slow  # two server processes start (~30-60 s on 2 busy cores)
+def test_serve_comparison_loads_both_servers_and_predict_with_no_failures():
+    """Tiny mode of ``--only serve``: every request answered by both servers, every ratio computed from the
+    contenders' own figures, batches formed only where batching is on, memory read at both ends."""
+    cfg = BenchConfig(**{**TINY, "batch_size": 8}, serve_requests=24, serve_clients=4)
+    result = run(cfg, ("serve",))
+    res = result["results"]["serve"]
+    assert res["failed"] == 0
+    load = res["serve"]
+    for name in ("served_batched", "served_unbatched"):
+        s = load[name]
+        assert s["requests"] == s["answered"] == 24 and s["failed"] == 0, name
+        assert 0 < s["p50_ms"] <= s["p99_ms"] and s["req_s"] > 0
+        assert s["memory"]["start"]["rss_mb"] > 0 and s["memory"]["end"]["processes"] >= 2
+    assert load["served_unbatched"]["max_batch"] == 1 and 1 <= load["served_batched"]["max_batch"] <= 8
+    r, b, u = res["ratios"], load["served_batched"], load["served_unbatched"]
+    assert r["req/s batched/unbatched"] == pytest.approx(b["req_s"] / u["req_s"])
+    assert r["p99 latency batched/unbatched"] == pytest.approx(b["p99_ms"] / u["p99_ms"])
+    assert r["req/s served batched/predict.py img/s"] == pytest.approx(b["req_s"] / res["predict"]["img_s"])
+    assert len(r) == 4 and all(math.isfinite(v) and v > 0 for v in r.values())
+    assert "served_batched: 24/24 answered (0 failed)" in format_table(result)
+    json.dumps(result)

@@ -2,12 +2,15 @@
 
     python scripts/benchmark.py --variant vit_ti4 --batch-size 64 --out results.json
     python scripts/benchmark.py --only vit --device cuda --precision bf16-mixed --compile --batch-size 256
+    python scripts/benchmark.py --only serve --batch-size 32 --requests 2000 --clients 16
 
 Comparisons (--only, comma-separated): vit (vitpipe vs timm, same weights), lightning (plain loop vs
 Trainer.fit), data (fast path vs PIL DataLoader), shards (data=shards vs data=imagefolder reading the
 same JPEG files, decoding + augmenting in ``--workers`` processes), switches (fused AdamW, compile, channels-last, SDPA
 backends), mae (MAE step vs the reference's way), naflex (patch-dict input: a padded batch of mixed-aspect
-images vs the fixed square path at about the same valid tokens, and vs timm's NaFlexVit, same weights). Contenders alternate (A B, B A, ...) so a shared machine's load hits them alike; the
+images vs the fixed square path at about the same valid tokens, and vs timm's NaFlexVit, same weights), serve
+(scripts/serve.py under a bounded loopback load, ``--requests`` from ``--clients`` threads: dynamic batching with
+max_batch_size=--batch-size vs max_batch_size=1, and vs scripts/predict.py on the same files). Contenders alternate (A B, B A, ...) so a shared machine's load hits them alike; the
 figure is the median over repeats of each repeat's median step time, warm-up steps excluded.
 
 Everything trained here is built from conf/ as ``scripts/train.py model=<variant> data=synthetic``
@@ -28,11 +31,13 @@ import math
 import os
 import platform
 import sys
+import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import timm
 import torch
 import torch.nn.functional as F
@@ -69,7 +74,7 @@ from vitpipe.tasks.train import build
 CONF = Path(__file__).resolve().parents[2] / "conf"  # the checkout's conf/ (vitpipe/tasks/ -> root)
 SCHEMA = "vitpipe.bench/1"
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")  # Lightning's names; the plain loops autocast the same way
-COMPARISONS = ("vit", "lightning", "data", "shards", "switches", "mae", "naflex")
+COMPARISONS = ("vit", "lightning", "data", "shards", "switches", "mae", "naflex", "serve")
 DEFAULT_ONLY = ("vit", "lightning", "data")
 # name -> what differs from the eager baseline (torch's default AdamW: per-tensor loop on CPU, foreach on CUDA)
 SWITCHES = {
@@ -103,6 +108,8 @@ class BenchConfig:
     workers: int = 2
     seed: int = 0
     switches: tuple[str, ...] = ()
+    serve_requests: int = 2000  # serve: requests per server contender (split over the repeats)
+    serve_clients: int = 16  # serve: concurrent client threads
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -115,7 +122,7 @@ class BenchConfig:
         check(self.device == "cpu" or torch.cuda.is_available(), "device='cuda' but torch sees no CUDA device; use cpu")
         check(self.precision != "16-mixed" or self.device == "cuda",
               "precision='16-mixed' needs device=cuda (loss scaling); use bf16-mixed or 32-true")
-        for name in ("batch_size", "num_classes", "steps", "repeats", "warmup"):
+        for name in ("batch_size", "num_classes", "steps", "repeats", "warmup", "serve_requests", "serve_clients"):
             check(getattr(self, name) >= 1, f"{name}={getattr(self, name)}: expected an int >= 1")
         check(self.workers >= 0, f"workers={self.workers}: expected an int >= 0")
         unknown = [n for n in self.switches if n not in SWITCHES]
@@ -606,9 +613,120 @@ def compare_naflex(cfg: BenchConfig) -> dict:
             "square_batch": {"images": cfg.batch_size, "seq_len": seq, "valid_tokens": t["square"]}}
 
 
+# --------------------------------------------------------------------------- serve
+
+
+def serve_checkpoint(cfg: BenchConfig, folder: Path) -> Path:
+    """A checkpoint of the recipe's network (random weights, data=synthetic at its own size) as a training
+    run stores one: state_dict, the resolved config, class names."""
+    from omegaconf import OmegaConf
+
+    train_cfg = recipe(cfg)
+    dm, net, module = build(train_cfg)
+    path = folder / "run" / "checkpoints" / "bench.ckpt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": module.state_dict(), "vitpipe_config": OmegaConf.to_container(train_cfg, resolve=True),
+                "class_names": [f"class_{i}" for i in range(cfg.num_classes)]}, path)
+    return path
+
+
+def serve_images(cfg: BenchConfig, folder: Path, count: int) -> list[Path]:
+    """``count`` PNG files of random RGB pixels at the variant's size."""
+    folder.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(cfg.seed)
+    paths = []
+    for i in range(count):
+        pixels = torch.randint(0, 256, (cfg.size, cfg.size, 3), generator=g, dtype=torch.uint8).numpy()
+        paths.append(folder / f"{i:04d}.png")
+        Image.fromarray(pixels).save(paths[-1])
+    return paths
+
+
+def predict_throughput(cfg: BenchConfig, ckpt: Path, files: list[Path], folder: Path) -> dict:
+    """Images/s of ``vitpipe.tasks.predict`` (scripts/predict.py's body, its default batch size) on
+    ``files``: (n - 1) / (time for n files - time for one), the median over repeats: start-up (reading
+    the checkpoint) taken out, as a running server has paid it."""
+    import io
+    import shutil
+
+    from vitpipe.tasks.predict import predict
+
+    one = folder / "one"
+    one.mkdir(parents=True, exist_ok=True)
+    shutil.copy(files[0], one / files[0].name)
+    times = {"one": [], "all": []}
+    for repeat in range(cfg.repeats):
+        for name, images in (("one", one), ("all", files[0].parent)):
+            GlobalHydra.instance().clear()
+            with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+                pcfg = compose(config_name="predict", overrides=[
+                    f"ckpt_path={ckpt}", f"images={images}", f"out={folder / f'{name}.csv'}", f"device={cfg.device}",
+                    f"paths.root_dir={folder}", f"paths.output_dir={folder}"])
+            start = time.perf_counter()
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                predict(pcfg)
+            times[name].append(time.perf_counter() - start)
+    one_s, all_s = float(np.median(times["one"])), float(np.median(times["all"]))
+    img_s = (len(files) - 1) / max(all_s - one_s, 1e-9)
+    return {"images": len(files), "one_file_s": one_s, "all_files_s": all_s, "img_s": img_s, "step_s": 1 / img_s}
+
+
+def compare_serve(cfg: BenchConfig) -> dict:
+    """scripts/serve.py under a bounded load on loopback: ``serve_requests`` requests per contender from
+    ``serve_clients`` client threads, dynamic batching (``max_batch_size=batch_size``) against
+    ``max_batch_size=1``, the two servers running side by side and taking turns (repeats alternate who
+    goes first); requests/s, latency p50/p99, failures, the mean batch formed, each server's memory (RSS
+    of all its processes) at the start and the end; and served throughput against
+    ``vitpipe.tasks.predict`` on the same image files."""
+    import base64
+    import tempfile
+
+    from vitpipe.tasks.serving.load import ServerProcess, hammer, load_summary
+
+    script = CONF.parent / "scripts" / "serve.py"
+    settings = {"served_batched": cfg.batch_size, "served_unbatched": 1}
+    per_repeat = [cfg.serve_requests // cfg.repeats + (r < cfg.serve_requests % cfg.repeats) for r in range(cfg.repeats)]
+    with tempfile.TemporaryDirectory(prefix="vitpipe-bench-serve-") as tmp:
+        tmp = Path(tmp)
+        ckpt = serve_checkpoint(cfg, tmp)
+        files = serve_images(cfg, tmp / "images", min(cfg.serve_requests, 512))
+        bodies = [json.dumps({"image": base64.b64encode(f.read_bytes()).decode()}).encode() for f in files]
+        servers = {name: ServerProcess(script, [f"ckpt_path={ckpt}", f"max_batch_size={size}", f"device={cfg.device}",
+                                                f"hydra.run.dir={tmp / name}"], tmp / f"{name}.log")
+                   for name, size in settings.items()}
+        try:
+            for server in servers.values():
+                server.wait_ready()
+            for server in servers.values():  # warm-up, untimed: first requests, allocator, connections
+                hammer(server.port, bodies, requests=cfg.warmup * cfg.serve_clients, clients=cfg.serve_clients)
+            memory = {name: {"start": server.memory()} for name, server in servers.items()}
+            runs = {name: [] for name in servers}
+            for repeat, count in enumerate(per_repeat):
+                for name in (list(servers) if repeat % 2 == 0 else list(servers)[::-1]):
+                    runs[name].append(hammer(servers[name].port, bodies, requests=count, clients=cfg.serve_clients))
+            for name, server in servers.items():
+                memory[name]["end"] = server.memory()
+        finally:
+            for server in servers.values():
+                server.stop()
+        offline = predict_throughput(cfg, ckpt, files, tmp / "predict")
+    load = {name: {**load_summary(r), "max_batch_size": settings[name], "memory": memory[name]}
+            for name, r in runs.items()}
+    contenders = {name: {"serve": {"step_s": 1 / s["req_s"] if s["req_s"] > 0 else float("inf"), "img_s": s["req_s"]}}
+                  for name, s in load.items()}
+    contenders["predict_py"] = {"predict": {"step_s": offline["step_s"], "img_s": offline["img_s"]}}
+    b, u = load["served_batched"], load["served_unbatched"]
+    ratios = {"req/s batched/unbatched": b["req_s"] / u["req_s"],
+              "p50 latency batched/unbatched": b["p50_ms"] / u["p50_ms"],
+              "p99 latency batched/unbatched": b["p99_ms"] / u["p99_ms"],
+              "req/s served batched/predict.py img/s": b["req_s"] / offline["img_s"]}
+    return {"contenders": contenders, "ratios": ratios, "serve": load, "predict": offline,
+            "clients": cfg.serve_clients, "failed": sum(s["failed"] for s in load.values())}
+
+
 RUNNERS = {"vit": compare_vit, "lightning": compare_lightning, "data": compare_data, "shards": compare_shards,
            "switches": compare_switches, "mae": compare_mae,
-           "naflex": compare_naflex}
+           "naflex": compare_naflex, "serve": compare_serve}
 
 
 # --------------------------------------------------------------------------- run and report
@@ -669,6 +787,13 @@ def format_table(result: dict) -> str:
             lines.append(f"  {comp:<10} mixed dict: {m['images']} images x {m['seq_len']} slots, {m['valid_tokens']} valid "
                          f"({100 * m['padding_fraction']:.1f}% padding); fixed: {q['images']} images x {q['seq_len']} "
                          f"= {q['valid_tokens']} tokens")
+        for name, load in res.get("serve", {}).items():
+            m = load["memory"]
+            lines.append(f"  {comp:<10} {name}: {load['answered']}/{load['requests']} answered ({load['failed']} failed) by "
+                         f"{res['clients']} clients, p50 {load['p50_ms']:.1f} ms, p99 {load['p99_ms']:.1f} ms, mean batch "
+                         f"{load['mean_batch']:.1f} (max {load['max_batch']}), RSS {m['start']['rss_mb']:.0f} -> "
+                         f"{m['end']['rss_mb']:.0f} MB (peak {m['start']['peak_rss_mb']:.0f} -> {m['end']['peak_rss_mb']:.0f} MB; PSS "
+                         f"{m['start']['pss_mb']:.0f} -> {m['end']['pss_mb']:.0f} MB) over {m['end']['processes']} processes")
         if "max_abs_loss_diff" in res:
             lines.append(f"  {comp:<10} {'|loss diff| vitpipe vs reference MAE':<45} {res['max_abs_loss_diff']:.2e}")
         lines += [f"  {comp:<10} {name} unavailable: {why}" for name, why in res.get("unavailable", {}).items()]
@@ -694,6 +819,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--only", default=",".join(DEFAULT_ONLY), help=",".join(COMPARISONS))
     p.add_argument("--switches", default="", help="subset of the switches comparison, e.g. adamw_fused,sdpa_math "
                    "(default: all; compile's warm-up takes a minute on a CPU)")
+    p.add_argument("--requests", type=int, default=2000, help="serve: requests per server contender")
+    p.add_argument("--clients", type=int, default=16, help="serve: concurrent client threads")
     p.add_argument("--out", default=None, help="write the result as JSON here")
     return p.parse_args(argv)
 
@@ -708,7 +835,8 @@ def main(argv=None) -> int:
         cfg = BenchConfig(variant=args.variant, img_size=args.img_size, batch_size=args.batch_size,
                           num_classes=args.num_classes, precision=args.precision, device=args.device,
                           compile=args.compile, steps=args.steps, warmup=args.warmup, repeats=args.repeats,
-                          workers=args.workers, switches=tuple(n for n in args.switches.split(",") if n))
+                          workers=args.workers, switches=tuple(n for n in args.switches.split(",") if n),
+                          serve_requests=args.requests, serve_clients=args.clients)
     except ConfigError as e:
         print(f"benchmark: error: {e}", file=sys.stderr)
         return 2
