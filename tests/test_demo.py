@@ -84,6 +84,27 @@ def test_page_top_k_equals_predict_py_for_the_same_files(ckpts, images, tmp_path
         np.testing.assert_allclose([got[n] for n, _ in want], [p for _, p in want], atol=1e-5, rtol=0)
 
 
+def test_page_applies_the_calibration_temperature_predict_py_applies(ckpts, images, tmp_path):
+    import shutil
+
+    from vitpipe.report.calibration import checkpoint_identity, write_calibration
+    from vitpipe.run.checkpoint import load_checkpoint
+
+    ckpt = tmp_path / "run" / "checkpoints" / "epoch_000.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    shutil.copy(ckpts("learned"), ckpt)
+    plain = demo_task.load_model(demo_cfg(tmp_path / "plain", ckpt))
+    write_calibration(ckpt.parent, 2.5, identity=checkpoint_identity(ckpt, load_checkpoint(ckpt)), tta="none")
+    expected = predict_json(tmp_path / "p", ckpt, images, "topk=3")
+    model = demo_task.load_model(demo_cfg(tmp_path / "d", ckpt))
+    assert model.loaded.temperature == 2.5 and "calibration temperature 2.5" in model.facts["Checkpoint"]
+    for path in sorted(images.iterdir()):
+        got = demo_task.show(model, path, "rollout", topk=3).probs
+        want = row_topk(expected[path.name])
+        np.testing.assert_allclose([got[n] for n, _ in want], [p for _, p in want], atol=1e-5, rtol=0)
+        assert max(got.values()) < max(demo_task.show(plain, path, "rollout").probs.values())  # T > 1 flattens
+
+
 @pytest.mark.parametrize("method", ["rollout", "gradient"])
 def test_overlay_keeps_the_model_inputs_shape_and_aspect(ckpts, images, tmp_path, method):
     model = demo_task.load_model(demo_cfg(tmp_path, ckpts("demo_wide")))
