@@ -135,15 +135,24 @@ def upload(driver, url: str, image: Path, *, timeout: float = 60.0) -> PageAnswe
                       overlay_size=tuple(overlay_size), input_size=tuple(input_size))
 
 
+PAGE_SIZE = """const app = document.querySelector('gradio-app') || document.body;
+const inner = [...app.querySelectorAll('*')].reduce((m, e) => Math.max(m, e.getBoundingClientRect().bottom), 0);
+return [document.documentElement.clientWidth,
+        Math.max(document.documentElement.scrollHeight, app.scrollHeight, inner + window.scrollY)];"""
+
+
 def screenshot(driver, out: Path) -> Path:
-    """The whole page as a PNG (the viewport set to the page's height), written via temp + rename."""
+    """The whole page as a PNG (the viewport grown to the page's content, which Gradio lays out in its own
+    scrolling element), written via temp + rename."""
     from vitpipe.run.files import atomic_write
 
-    width, height = driver.execute_script(
-        "return [document.documentElement.clientWidth, document.documentElement.scrollHeight]")
-    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": int(width), "height": min(int(height), 3000),
-                                                                  "deviceScaleFactor": 1, "mobile": False})
-    time.sleep(0.5)  # the page lays itself out again
+    for _ in range(3):  # a taller viewport can re-flow the page: measure again (bounded)
+        width, height = driver.execute_script(PAGE_SIZE)
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+            "width": int(width), "height": min(int(height) + 24, 3000), "deviceScaleFactor": 1, "mobile": False})
+        time.sleep(0.5)
+        if driver.execute_script(PAGE_SIZE)[1] <= height:
+            break
     png = driver.get_screenshot_as_png()
     atomic_write(Path(out), lambda f: f.write(png))
     return Path(out)
