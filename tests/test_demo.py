@@ -160,10 +160,31 @@ def test_facts_name_architecture_data_and_the_runs_test_accuracy(ckpts, tmp_path
     assert "vit_nano" in facts["Architecture"] and "depth 1" in facts["Architecture"]
 
 
-def test_a_captioner_is_refused_in_one_line(ckpts, tmp_path):
-    with pytest.raises(ConfigError, match=r"shows classifiers; .* is a captioner: .*visualize_attention") as e:
-        demo_task.load_model(demo_cfg(tmp_path, ckpts("captioner")))
-    assert "\n" not in str(e.value)
+def test_captioner_page_gives_predict_pys_caption_and_one_map_per_word(ckpts, tmp_path):
+    from vitpipe.viz.rollout import cross_attention_maps
+
+    ckpt = ckpts("captioner")
+    folder = tmp_path / "shapes"
+    folder.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(2):
+        Image.fromarray(rng.integers(0, 255, (40, 30, 3), dtype=np.uint8)).save(folder / f"img{i}.png")
+    expected = predict_json(tmp_path / "p", ckpt, folder)
+    model = demo_task.load_model(demo_cfg(tmp_path / "d", ckpt))
+    assert model.facts["Architecture"].startswith("captioner: ViT")
+    for path in sorted(folder.iterdir()):
+        shown = demo_task.caption_image(model, path, display_size=64)
+        assert shown.caption == expected[path.name]["caption"] == " ".join(shown.words)
+        assert len(shown.overlays) == len(shown.words) == shown.attention.shape[0] > 0
+        assert all(o.shape == shown.display.shape for o in shown.overlays)
+        x = demo_task.model_input(model, path)  # the maps are the decoder's own cross-attention for those words
+        hp = model.loaded.built.module.hparams
+        ids, attn = model.net.generate(x, max_len=hp.max_gen_len, beam_size=hp.beam_size,
+                                       length_penalty=hp.length_penalty, return_cross_attn=True)
+        full = cross_attention_maps(attn, tuple(model.net.grid_size), num_prefix_tokens=model.net.num_prefix_tokens)[0]
+        torch.testing.assert_close(shown.attention, full[: len(shown.words)])  # no specials among these words
+    page = demo_task.build_page(model, demo_cfg(tmp_path / "page", ckpt), [])
+    assert {"caption", "words", "model-input"} <= {b.elem_id for b in page.blocks.values()}
 
 
 @pytest.mark.parametrize("override,message", [

@@ -15,9 +15,10 @@ transform (``vitpipe.data.preprocess.Preprocess``, NaFlex rule included) -> one 
 * the checkpoint's facts: architecture, data, test accuracy (the run's ``metrics.json``, as the
   exported model card reads it).
 
-Classifiers only: a captioner is refused in one line (its captions and per-word cross-attention maps
-are drawn by ``scripts/visualize_attention.py``). Gradio is imported only here; without it one line
-says how to install it. Analytics are off, the server binds ``server_name`` (127.0.0.1 by default).
+Captioners: the caption ``scripts/predict.py`` writes (the run's decoding settings) and, per generated
+word, its cross-attention over the image (``vitpipe.viz.rollout.cross_attention_maps``: mean over decoder
+layers and heads) as an overlay, in a gallery. Gradio is imported only here; without it one line says
+how to install it. Analytics are off, the server binds ``server_name`` (127.0.0.1 by default).
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ class DemoModel:
         return self.loaded.preprocess
 
     @property
+    def captioner(self) -> bool:
+        return self.loaded.captioner
+
+    @property
     def naflex(self) -> bool:
         return self.preprocess.max_seq_len is not None
 
@@ -86,6 +91,17 @@ class Shown:
     display: np.ndarray  # (H, W, 3) uint8: the input as the model sees it, enlarged by an integer factor
     overlay: np.ndarray  # (H, W, 3) uint8: the same size, the attention map blended over it
     attention: Tensor  # (h, w) the map on the patch grid
+
+
+@dataclass
+class Captioned:
+    """One image on a captioner's page: the caption, and per generated word its cross-attention overlay."""
+
+    caption: str  # as scripts/predict.py writes it (the run's decoding settings)
+    words: list[str]  # the caption's words, in order
+    display: np.ndarray  # (H, W, 3) uint8, as in ``Shown``
+    overlays: list[np.ndarray]  # one (H, W, 3) uint8 overlay per word
+    attention: Tensor  # (words, h, w): each word's cross-attention over the image tokens, mean over layers and heads
 
 
 # --------------------------------------------------------------------------- checks
@@ -133,17 +149,14 @@ def load_model(cfg: DictConfig) -> DemoModel:
 
     device = resolve_device(cfg.device)
     loaded = load_predictor(cfg.ckpt_path, paths=cfg.paths, task_name=cfg.task_name, device=device, tta=cfg.tta)
-    if loaded.captioner:
-        raise ConfigError(f"the demo page shows classifiers; {loaded.path} is a captioner: draw its captions and "
-                          "per-word cross-attention maps with scripts/visualize_attention.py ckpt_path=<ckpt> images=<folder>")
-    net = loaded.net
-    if not isinstance(net, ViT):  # e.g. model=timm (a CNN): no attention to show
+    encoder = loaded.net.encoder if loaded.captioner else loaded.net
+    if not isinstance(encoder, ViT):  # e.g. model=timm (a CNN): no attention to show
         raise ConfigError(f"the demo page draws attention maps of a vitpipe ViT; {loaded.path} holds a "
-                          f"{type(net).__name__}")
-    mean, std, channels = data_stats(loaded.built.datamodule, net)
-    return DemoModel(loaded=loaded, names=label_names(loaded.built.class_names, net.num_classes), device=device,
-                     mean=mean, std=std, channels=channels,
-                     facts=model_facts(loaded.checkpoint, net, loaded.path, cfg.tta, loaded.temperature))
+                          f"{type(encoder).__name__}")
+    mean, std, channels = data_stats(loaded.built.datamodule, encoder)
+    names = [] if loaded.captioner else label_names(loaded.built.class_names, loaded.net.num_classes)
+    return DemoModel(loaded=loaded, names=names, device=device, mean=mean, std=std, channels=channels,
+                     facts=model_facts(loaded.checkpoint, loaded.net, loaded.path, cfg.tta, loaded.temperature))
 
 
 def model_facts(checkpoint: dict, net: nn.Module, path: Path, tta: str,
@@ -155,21 +168,39 @@ def model_facts(checkpoint: dict, net: nn.Module, path: Path, tta: str,
 
     stored = checkpoint.get("vitpipe_config") or {}
     model_cfg, data_cfg = stored.get("model") or {}, stored.get("data") or {}
+    captioner = hasattr(net, "generate")
+    vit = net.encoder if captioner else net
     params = sum(p.numel() for p in net.parameters())
-    (p, q), (h, w) = net.patch_size, net.img_size
+    (p, q), (h, w) = vit.patch_size, vit.img_size
+    name = (model_cfg.get("encoder") or {}).get("name", "?") if captioner else model_cfg.get("name", "?")
+    encoder = (f"ViT {name}: dim {vit.dim}, depth {len(vit.blocks)}, heads {vit.blocks[0].attn.num_heads}, patch "
+               f"{p}x{q} on {h}x{w}, pos_embed {_pos(model_cfg, captioner)}")
     data = str(data_cfg.get("_target_", "?")).rsplit(".", 1)[-1].removesuffix("DataModule")
     metrics = run_metrics(run_dir_of(path))
+    calibrated = f", calibration temperature {temperature:g}" if temperature else ""
+    if captioner:
+        scores = ", ".join(f"{k.removeprefix('test/')} {v:.4f}" for k, v in sorted(metrics.items()) if k != "test/loss")
+        return {
+            "Architecture": (f"captioner: {encoder}; a {net.decoder} text decoder (dim {net.dim}, depth {net.depth}, "
+                             f"{net.vocab_size} words); {params / 1e6:.3f} M parameters"),
+            "Data": data,
+            "Test scores": (f"{scores} (the run's metrics.json)" if scores
+                            else "not recorded (no test metrics in a metrics.json beside the checkpoint's run)"),
+            "Checkpoint": f"{path.name} (decoding as the run validated: the captions scripts/predict.py writes)",
+        }
     acc = metrics.get("test/acc")
     return {
-        "Architecture": (f"ViT {model_cfg.get('name', '?')}: dim {net.dim}, depth {len(net.blocks)}, heads "
-                         f"{net.blocks[0].attn.num_heads}, patch {p}x{q} on {h}x{w}, pos_embed "
-                         f"{model_cfg.get('pos_embed', '?')}, pool {net.pool}; {params / 1e6:.3f} M parameters"),
+        "Architecture": f"{encoder}, pool {net.pool}; {params / 1e6:.3f} M parameters",
         "Data": f"{data}, {net.num_classes} classes",
         "Test accuracy": (f"{acc:.4f} (test/acc of the run's metrics.json)" if acc is not None
                           else "not recorded (no test/acc in a metrics.json beside the checkpoint's run)"),
-        "Checkpoint": f"{path.name} (tta={tta}" + (f", calibration temperature {temperature:g})" if temperature
-                                                   else ")"),
+        "Checkpoint": f"{path.name} (tta={tta}{calibrated})",
     }
+
+
+def _pos(model_cfg: dict, captioner: bool) -> str:
+    node = (model_cfg.get("encoder") or {}) if captioner else model_cfg
+    return str(node.get("pos_embed", "?"))
 
 
 def model_input(model: DemoModel, path) -> Tensor | dict:
@@ -229,6 +260,33 @@ def show(model: DemoModel, path, method: str, *, topk: int = 5, head_fusion: str
     return Shown(probs=probs, display=_uint8(to_numpy_image(display)), overlay=_uint8(blended), attention=attention)
 
 
+def caption_image(model: DemoModel, path, *, alpha: float = 0.5, cmap: str = "jet",
+                  display_size: int = 256) -> Captioned:
+    """A captioner's page for the file ``path``: predict's decoding (``vitpipe.tasks.predict.captions``: the
+    run's beam size, length penalty, max length) asked for its cross-attention, one map per word kept."""
+    from vitpipe.viz.rollout import cross_attention_maps
+
+    x = model_input(model, path)
+    hp, tokenizer = model.loaded.built.module.hparams, model.loaded.built.module.tokenizer
+    with torch.inference_mode():
+        ids, attn = model.net.generate(x, max_len=hp.max_gen_len, beam_size=hp.beam_size,
+                                       length_penalty=hp.length_penalty, return_cross_attn=True)
+    maps = cross_attention_maps(attn, tuple(model.net.grid_size),
+                                num_prefix_tokens=model.net.num_prefix_tokens)[0].cpu()  # (T, h, w)
+    words, keep = [], []
+    for t, i in enumerate(ids[0].tolist()):
+        if i == tokenizer.eos_id:
+            break
+        word = tokenizer.decode([i])  # "" for the specials the caption drops
+        if word:
+            words.append(word)
+            keep.append(t)
+    display = display_image(model, x, display_size)
+    overlays = [_uint8(overlay(display, maps[t], alpha=alpha, cmap=cmap)) for t in keep]
+    return Captioned(caption=tokenizer.batch_decode(ids)[0], words=words, display=_uint8(to_numpy_image(display)),
+                     overlays=overlays, attention=maps[keep])
+
+
 def _uint8(image: np.ndarray) -> np.ndarray:
     return (np.clip(image, 0.0, 1.0) * 255.0).round().astype(np.uint8)
 
@@ -241,7 +299,9 @@ def test_examples(dm, n: int, folder: Path) -> list[Path]:
     named ``<index>_<class>.png``); [] with one line on stderr when that data is not present here."""
     from vitpipe.run.files import atomic_write
 
-    if n == 0 or dm is None or not hasattr(dm, "_load"):
+    from vitpipe.data.base import ClassificationDataModule
+
+    if n == 0 or not isinstance(dm, ClassificationDataModule):  # caption data: no examples offered
         return []
     try:
         dm.check()  # files present, or a ConfigError saying how to get them
@@ -281,44 +341,76 @@ def facts_markdown(facts: dict[str, str]) -> str:
 
 
 def build_page(model: DemoModel, cfg: DictConfig, examples: list[Path]):
-    """The Gradio Blocks page; its one callback is ``show``."""
+    """The Gradio Blocks page; its one callback is ``show`` (classifiers) or ``caption_image`` (captioners)."""
     gr = import_gradio()
-    style = dict(topk=cfg.topk, head_fusion=cfg.head_fusion, discard_ratio=cfg.discard_ratio, alpha=cfg.alpha,
-                 cmap=cfg.cmap, display_size=cfg.display_size)
-
-    def on_image(path, method):
-        if not path:
-            return None, None, None
-        try:
-            shown = show(model, path, method, **style)
-        except ConfigError as e:
-            raise gr.Error(str(e)) from None
-        except (OSError, ValueError) as e:  # a file PIL cannot decode
-            raise gr.Error(f"cannot read that file as an image: {str(e).splitlines()[0]}") from None
-        return shown.probs, shown.display, shown.overlay
-
-    methods = ["rollout"] if model.naflex else list(METHODS)
+    style = dict(alpha=cfg.alpha, cmap=cfg.cmap, display_size=cfg.display_size)
+    kind = "captioner" if model.captioner else "classifier"
     with gr.Blocks(title="vitpipe demo", analytics_enabled=False) as page:
-        gr.Markdown(f"## vitpipe: {model.facts['Data'].split(',')[0]} classifier\n\n{facts_markdown(model.facts)}",
+        gr.Markdown(f"## vitpipe: {model.facts['Data'].split(',')[0]} {kind}\n\n{facts_markdown(model.facts)}",
                     elem_id="facts")
         with gr.Row():
             with gr.Column(scale=1):
                 image = gr.Image(type="filepath", image_mode=None, label="image (drop, paste or pick)",
                                  sources=["upload", "clipboard"], height=300, elem_id="image")
-                method = gr.Radio([(METHOD_TITLES[m], m) for m in methods], value=cfg.method if cfg.method in methods
-                                  else "rollout", label="attention map", elem_id="method")
+                if not model.captioner:
+                    methods = ["rollout"] if model.naflex else list(METHODS)
+                    method = gr.Radio([(METHOD_TITLES[m], m) for m in methods], label="attention map",
+                                      value=cfg.method if cfg.method in methods else "rollout", elem_id="method")
                 if examples:
                     gr.Examples([[str(p)] for p in examples], inputs=image, label="test split examples")
             with gr.Column(scale=2):
-                label = gr.Label(num_top_classes=cfg.topk, label=f"top-{cfg.topk}", elem_id="topk")
-                with gr.Row():
-                    model_view = gr.Image(label="model input", type="numpy", format="png", interactive=False,
-                                          height=300, elem_id="model-input")
-                    overlay_view = gr.Image(label="attention overlay", type="numpy", format="png",
-                                            interactive=False, height=300, elem_id="overlay")
-        for event in (image.change, method.change):
-            event(on_image, inputs=[image, method], outputs=[label, model_view, overlay_view])
+                if model.captioner:
+                    _caption_panels(gr, model, image, style)
+                else:
+                    _classifier_panels(gr, model, image, method, {**style, "topk": cfg.topk,
+                                                                  "head_fusion": cfg.head_fusion,
+                                                                  "discard_ratio": cfg.discard_ratio})
     return page
+
+
+def _classifier_panels(gr, model: DemoModel, image, method, style: dict) -> None:
+    label = gr.Label(num_top_classes=style["topk"], label=f"top-{style['topk']}", elem_id="topk")
+    with gr.Row():
+        model_view = gr.Image(label="model input", type="numpy", format="png", interactive=False, height=300,
+                              elem_id="model-input")
+        overlay_view = gr.Image(label="attention overlay", type="numpy", format="png", interactive=False,
+                                height=300, elem_id="overlay")
+
+    def on_image(path, chosen):
+        if not path:
+            return None, None, None
+        shown = _on_page(gr, lambda: show(model, path, chosen, **style))
+        return shown.probs, shown.display, shown.overlay
+
+    for event in (image.change, method.change):
+        event(on_image, inputs=[image, method], outputs=[label, model_view, overlay_view])
+
+
+def _caption_panels(gr, model: DemoModel, image, style: dict) -> None:
+    caption = gr.Textbox(label="caption", interactive=False, elem_id="caption")
+    with gr.Row():
+        model_view = gr.Image(label="model input", type="numpy", format="png", interactive=False, height=300,
+                              elem_id="model-input", scale=1)
+        words = gr.Gallery(label="cross-attention per generated word", columns=5, height=420, object_fit="contain",
+                           elem_id="words", scale=2)
+
+    def on_image(path):
+        if not path:
+            return None, None, None
+        shown = _on_page(gr, lambda: caption_image(model, path, **style))
+        return shown.caption, shown.display, list(zip(shown.overlays, shown.words))
+
+    image.change(on_image, inputs=[image], outputs=[caption, model_view, words])
+
+
+def _on_page(gr, compute):
+    """``compute()``, its one-line errors shown on the page (``gr.Error``) instead of a traceback."""
+    try:
+        return compute()
+    except ConfigError as e:
+        raise gr.Error(str(e)) from None
+    except (OSError, ValueError) as e:  # a file PIL cannot decode
+        raise gr.Error(f"cannot read that file as an image: {str(e).splitlines()[0]}") from None
 
 
 def demo(cfg: DictConfig) -> None:
