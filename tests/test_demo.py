@@ -43,7 +43,7 @@ def images(tmp_path_factory) -> Path:
     from hydra.utils import instantiate
 
     dm = instantiate(make_cfg(folder / "cfg", ["debug=fast"]).data)  # digits: the tiny checkpoints' data
-    written = demo_task.test_examples(dm, 3, folder / "files")
+    written = demo_task.split_examples(dm, 3, folder / "files")
     assert len(written) == 3 and len({p.name.split("_")[1] for p in written}) == 3  # three classes
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 255, (21, 13, 3), dtype=np.uint8)).save(folder / "files" / "photo.png")
@@ -192,10 +192,22 @@ def test_captioner_page_gives_predict_pys_caption_and_one_map_per_word(ckpts, tm
     ("port=0", r"port=0: expected an int in 1\.\.65535"),
     ("topk=0", r"topk=0: expected an int >= 1"),
     ("tta=vflip", r"tta='vflip'; valid choices"),
+    ("cmap=nope", r"cmap='nope' is not a matplotlib colormap"),
 ])
 def test_bad_options_fail_in_one_line_before_the_checkpoint_is_read(tmp_path, override, message):
     with pytest.raises(ConfigError, match=message):
         demo_task.demo(demo_cfg(tmp_path, tmp_path / "no-such.ckpt", override))
+
+
+def test_a_taken_port_is_one_line_naming_it(ckpts, tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"server_name=127\.0\.0\.1 port={port}: cannot serve there .*port=null"):
+            demo_task.demo(demo_cfg(tmp_path, ckpts("learned"), f"port={port}", "num_examples=0"))
 
 
 def test_without_gradio_one_line_names_the_install_command(tmp_path, monkeypatch):

@@ -59,7 +59,7 @@ class DemoModel:
     """What the page needs from a checkpoint, loaded once: predict's ``Predictor`` and the display facts."""
 
     loaded: Predictor  # vitpipe.tasks.predict.load_predictor: network, eval transform, tta, temperature
-    names: list[str]  # label index -> name
+    names: list[str]  # label index -> name ([] for a captioner)
     device: torch.device
     mean: tuple[float, ...]  # display: the data's statistics, ``channels`` of them
     std: tuple[float, ...]
@@ -125,6 +125,10 @@ def check_options(cfg: DictConfig) -> None:
         raise ConfigError(f"server_name={cfg.get('server_name')!r}: expected a host name or address, e.g. 127.0.0.1")
     if not isinstance(cfg.alpha, (int, float)) or not 0.0 <= cfg.alpha <= 1.0:
         raise ConfigError(f"alpha={cfg.alpha!r} is not valid; use a number in [0, 1]")
+    from matplotlib import colormaps
+
+    if cfg.cmap not in colormaps:
+        raise ConfigError(f"cmap={cfg.cmap!r} is not a matplotlib colormap; e.g. 'jet', 'viridis', 'inferno'")
 
 
 def import_gradio():
@@ -294,12 +298,11 @@ def _uint8(image: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- examples
 
 
-def test_examples(dm, n: int, folder: Path) -> list[Path]:
+def split_examples(dm, n: int, folder: Path) -> list[Path]:
     """Up to ``n`` images of the data's test split as PNG files in ``folder`` (one class after another,
     named ``<index>_<class>.png``); [] with one line on stderr when that data is not present here."""
-    from vitpipe.run.files import atomic_write
-
     from vitpipe.data.base import ClassificationDataModule
+    from vitpipe.run.files import atomic_write
 
     if n == 0 or not isinstance(dm, ClassificationDataModule):  # caption data: no examples offered
         return []
@@ -421,13 +424,18 @@ def demo(cfg: DictConfig) -> None:
     import_gradio()  # before the checkpoint is read: a missing install costs nothing
     model = load_model(cfg)
     folder = output_dir(cfg) / "examples"
-    examples = test_examples(model.loaded.built.datamodule, cfg.num_examples, folder)
+    examples = split_examples(model.loaded.built.datamodule, cfg.num_examples, folder)
     page = build_page(model, cfg, examples)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Gradio's own startup requests to itself, not news
     page.queue(default_concurrency_limit=1)  # one model, one image at a time
-    _, url, _ = page.launch(server_name=cfg.server_name, server_port=cfg.port, share=False, inbrowser=False,
-                            prevent_thread_lock=True, show_error=True, ssr_mode=False, quiet=True, css=CSS,
-                            allowed_paths=[str(folder)] if examples else None)
+    try:
+        _, url, _ = page.launch(server_name=cfg.server_name, server_port=cfg.port, share=False, inbrowser=False,
+                                prevent_thread_lock=True, show_error=True, ssr_mode=False, quiet=True, css=CSS,
+                                allowed_paths=[str(folder)] if examples else None)
+    except OSError as e:  # the port is taken ("Cannot find empty port"), or the address is not this machine's
+        why = str(e).splitlines()[0]
+        raise ConfigError(f"server_name={cfg.server_name} port={cfg.port}: cannot serve there ({why}); "
+                          "pass another port=, or port=null for the first free one") from None
     print(f"vitpipe demo: {url} ({model.facts['Checkpoint']}; {len(examples)} example(s); Ctrl-C stops)", flush=True)
     try:
         page.block_thread()  # until Ctrl-C (Gradio closes the server; exit status 0); SIGTERM ends it as it is

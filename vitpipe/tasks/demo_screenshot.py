@@ -161,11 +161,11 @@ def screenshot(driver, out: Path) -> Path:
 def example_image(ckpt: str, index: int, folder: Path) -> Path:
     """The ``index``-th test-split example of the checkpoint's data, as the page writes its examples."""
     from vitpipe.run.paths import default_paths
-    from vitpipe.tasks.demo import test_examples
+    from vitpipe.tasks.demo import split_examples
     from vitpipe.tasks.predict import load_predictor
 
     loaded = load_predictor(ckpt, paths=default_paths(), task_name="demo")
-    files = test_examples(loaded.built.datamodule, index + 1, folder)
+    files = split_examples(loaded.built.datamodule, index + 1, folder)
     if len(files) <= index:
         raise SystemExit(f"demo_screenshot: --example {index}: the checkpoint's test split gives {len(files)} "
                          "example(s) here; pass --image <file>")
