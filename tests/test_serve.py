@@ -281,7 +281,7 @@ def test_naflex_checkpoint_serves_its_own_rule(tmp_path):
     offers rollout only, on the image's own grid."""
     from test_naflex_downstream import naflex_checkpoint
 
-    from vitpipe.tasks.serve import explain_choices
+    from vitpipe.tasks.serving.api import explain_choices
 
     ckpt = naflex_checkpoint(tmp_path / "nf")
     images = write_images(tmp_path / "images")
@@ -296,6 +296,8 @@ def test_naflex_checkpoint_serves_its_own_rule(tmp_path):
     item = api.loaded.preprocess(Image.open(tmp_path / "images" / "rgb.jpg").convert("L"))
     h, w = (item["patch_coord"].amax(0) + 1).tolist()
     assert grid.shape == (h, w)
+    status, body = answer(api, [{"image": b64(images[0]), "explain": "gradient_rollout"}])[0]
+    assert status == 400 and "valid: rollout" in body["detail"]
 
 
 def test_captioner_serves_captions(tmp_path):
@@ -304,8 +306,11 @@ def test_captioner_serves_captions(tmp_path):
     cfg = make_cfg(tmp_path, [f"ckpt_path={ckpt}", f"images={tmp_path / 'images'}", f"out={tmp_path / 'c.json'}",
                               "device=cpu"], config_name="predict")
     rows = {Path(r["path"]).name: r["caption"] for r in json.loads(predict(cfg).read_text())}
-    for (status, body), path in zip(answer(api_for(ckpt), [{"image": b64(p)} for p in images]), images):
+    api = api_for(ckpt)
+    for (status, body), path in zip(answer(api, [{"image": b64(p)} for p in images]), images):
         assert status == 200 and body == {"caption": rows[path.name]}
+    status, body = answer(api, [{"image": b64(images[0]), "explain": "rollout"}])[0]
+    assert status == 400 and "none for this checkpoint" in body["detail"]
 
 
 # --------------------------------------------------------------------------- batching

@@ -62,14 +62,6 @@ def check_options(cfg: DictConfig) -> None:
     check_rollout_options(head_fusion=cfg.head_fusion, discard_ratio=cfg.discard_ratio)
 
 
-def explain_choices(loaded) -> tuple[str, ...]:
-    """What ``?explain=`` can draw for this checkpoint: both rollouts for a fixed-size classifier,
-    attention rollout on each image's own grid for a NaFlex one, nothing for a captioner."""
-    if loaded.captioner:
-        return ()
-    return ("rollout",) if loaded.preprocess.max_seq_len is not None else ("rollout", "gradient_rollout")
-
-
 def onnx_file(cfg: DictConfig, loaded) -> str:
     """The ONNX file to serve: ``onnx_path`` checked against the checkpoint's network (logits within
     1e-4 in onnxruntime, as scripts/export.py checks its own), or, when not given, exported now
@@ -119,7 +111,7 @@ def banner(cfg: DictConfig, loaded, onnx_path: str | None) -> str:
 def build_server(cfg: DictConfig, loaded, onnx_path: str | None):
     """The LitServer: ``ImageAPI`` behind the ``RequestGate`` edge."""
     ls = require("litserve", "scripts/serve.py")
-    from vitpipe.tasks.serving.api import ImageAPI
+    from vitpipe.tasks.serving.api import ImageAPI, explain_choices
     from vitpipe.tasks.serving.edge import RequestGate
 
     api = ImageAPI(ckpt_path=str(loaded.path), paths=OmegaConf.to_container(cfg.paths, resolve=True), topk=cfg.topk,

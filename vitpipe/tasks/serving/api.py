@@ -24,8 +24,15 @@ from PIL import Image
 from vitpipe.tasks.predict import captions, class_probs, label_names, load_predictor, to_device, top_labels
 from vitpipe.tasks.serving.decode import Refused, RequestError, image_bytes, read_image
 
-EXPLAIN = ("rollout", "gradient_rollout")
 BATCH_HEADER = "X-Batch-Size"
+
+
+def explain_choices(loaded) -> tuple[str, ...]:
+    """What ``explain`` can draw for a ``load_predictor`` result: both rollouts for a fixed-size classifier,
+    attention rollout on each image's own grid for a NaFlex one, nothing for a captioner."""
+    if loaded.captioner:
+        return ()
+    return ("rollout",) if loaded.preprocess.max_seq_len is not None else ("rollout", "gradient_rollout")
 
 
 @dataclass
@@ -72,6 +79,7 @@ class ImageAPI(ls.LitAPI):
         net = self.loaded.net
         self.model = OnnxNet(self.onnx_path, getattr(net, "patch_size", None)) if self.onnx_path else net
         self.names = None if self.loaded.captioner else label_names(self.loaded.built.class_names, int(net.num_classes))
+        self.explain_choices = explain_choices(self.loaded)
 
     # ------------------------------------------------------------------ one request
 
@@ -79,8 +87,9 @@ class ImageAPI(ls.LitAPI):
         """The parsed body -> ``Decoded``, or the ``RequestError`` it is refused with."""
         try:
             explain = request.get("explain") if hasattr(request, "get") else None
-            if explain is not None and explain not in EXPLAIN:
-                raise Refused(400, f"explain={explain!r} is not available; valid: {', '.join(EXPLAIN)}")
+            if explain is not None and explain not in self.explain_choices:
+                valid = ", ".join(self.explain_choices) or "none for this checkpoint"
+                raise Refused(400, f"explain={explain!r} is not available; valid: {valid}")
             image = read_image(image_bytes(request), self.loaded.preprocess.spec.mode)
             try:
                 x = self.loaded.preprocess(image)
