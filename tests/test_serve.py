@@ -339,11 +339,13 @@ def test_a_bad_image_in_a_batch_fails_only_its_own_request(files):
 
     api = api_for(files["plain"])
     images = files["images"]
-    payloads = [{"image": b64(images[0])}, {"image": b64(b"not an image")}, {"image": b64(images[1])}, {"x": 1}]
+    payloads = [{"image": b64(images[0])}, {"image": b64(b"not an image")}, {"image": b64(images[1])}, {"x": 1},
+                {"image": "data:image/png;base64," + b64(images[1])}]  # a data URL: its prefix dropped
     decoded = [api.decode_request(p) for p in payloads]
-    assert [isinstance(d, Decoded) for d in decoded] == [True, False, True, False]
+    assert [isinstance(d, Decoded) for d in decoded] == [True, False, True, False, True]
     results = answer(api, payloads)
-    assert [s for s, _ in results] == [200, 422, 200, 422]
+    assert [s for s, _ in results] == [200, 422, 200, 422, 200]
+    assert results[4][1] == results[2][1]
     alone = answer(api, [payloads[2]])[0][1]
     assert results[2][1]["labels"] == alone["labels"] and np.allclose(results[2][1]["probs"], alone["probs"], atol=1e-6)
 
