@@ -38,7 +38,7 @@ __all__ = ["ImageClassifier", "NonFiniteLossError"]
 TASKS = ("multiclass", "multilabel")
 
 
-def check_task(task: str, loss: str | None, distill: dict | None) -> str | None:
+def check_task(task: str, loss: str | None, distill: dict | None) -> str:
     """The loss ``task`` trains with (``ce``, ``bce`` or ``asl``); ConfigError naming a bad combination."""
     if task not in TASKS:
         raise ConfigError(f"module.task={task!r}; valid choices: {', '.join(TASKS)}")
@@ -54,7 +54,8 @@ def check_task(task: str, loss: str | None, distill: dict | None) -> str | None:
 
 
 class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
-    """Cross-entropy classification with top-1/top-5 accuracy per split.
+    """Cross-entropy classification with top-1/top-5 accuracy per split; with ``task="multilabel"``
+    a sigmoid per class with mAP, F1, precision and recall (``vitpipe.metrics.multilabel``).
 
     Args:
         net: the network, ``net(x) -> logits (B, num_classes)``.
