@@ -100,3 +100,28 @@ def test_mosaics_train_to_a_stated_map(tmp_path, cfg_factory):
     root = make_mosaics(MosaicConfig(out=str(tmp_path / "m"), train=4000, val=500, test=500, seed=0), progress=False)
     metrics = train(cfg_factory(*overrides(root, "trainer.max_epochs=20", "seed=0")))
     assert metrics["test/map"] >= 0.70, metrics["test/map"]
+
+
+def test_make_mosaics_is_seeded_labels_are_the_tiles_classes_and_out_is_never_half_written(tmp_path, mosaics):
+    import csv
+
+    from vitpipe.errors import ConfigError
+    from vitpipe.tasks.make_mosaics import CLASS_NAMES, LABELS_FILE, MANIFEST
+
+    again = make_mosaics(MosaicConfig(out=str(tmp_path / "again"), train=1200, val=200, test=300, seed=0),
+                         progress=False)
+    assert (again / LABELS_FILE).read_bytes() == (mosaics / LABELS_FILE).read_bytes()
+    assert (again / "test/00007.png").read_bytes() == (mosaics / "test/00007.png").read_bytes()
+    labels = list(csv.DictReader(open(mosaics / LABELS_FILE)))
+    tiles = list(csv.DictReader(open(mosaics / MANIFEST)))
+    for row, m in zip(labels, tiles, strict=True):
+        assert row["path"] == m["path"] and row["split"] == m["split"]
+        assert row["labels"].split(";") == [CLASS_NAMES[c] for c in sorted({int(m[f"tile{t}_class"]) for t in range(4)})]
+    counts = {n: sum(len(r["labels"].split(";")) == n for r in labels) for n in (1, 2, 3, 4)}
+    assert all(c > 0.2 * len(labels) for c in counts.values()), counts  # k ~ U{1..4}
+    train_items = {m[f"tile{t}_index"] for m in tiles if m["split"] == "train" for t in range(4)}
+    val_items = {m[f"tile{t}_index"] for m in tiles if m["split"] == "val" for t in range(4)}
+    assert not train_items & val_items  # disjoint parts of Fashion-MNIST's training set
+    with pytest.raises(ConfigError, match=r"--out=.* exists; pass --overwrite"):
+        make_mosaics(MosaicConfig(out=str(again), train=1, val=0, test=0), progress=False)
+    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
