@@ -446,3 +446,20 @@ def test_torch_answers_are_unchanged_by_the_batch(files):
         alone = answer(api, [{"image": b64(path)}])[0][1]
         assert body["labels"] == alone["labels"]
         assert np.allclose(body["probs"], alone["probs"], atol=1e-6, rtol=0)
+
+
+def test_onnx_file_is_exported_at_start_up_or_checked_against_the_checkpoint(files, tmp_path):
+    """backend=onnx without onnx_path exports into the run directory; a given file of another network
+    is refused (ExportCheckError) before the server starts."""
+    from vitpipe.errors import ExportCheckError
+    from vitpipe.tasks.predict import load_predictor
+    from vitpipe.tasks.serve import onnx_file
+
+    cfg = make_cfg(tmp_path, [f"ckpt_path={files['plain']}", "backend=onnx"], config_name="serve")
+    exported = Path(onnx_file(cfg, load_predictor(files["plain"])))
+    assert exported == Path(cfg.paths.output_dir) / "model.onnx" and exported.stat().st_size > 0
+    other = tc.checkpoint("sincos2d", files["base"] / "made")
+    cfg = make_cfg(tmp_path / "other", [f"ckpt_path={other}", "backend=onnx", f"onnx_path={files['onnx']}"],
+                   config_name="serve")
+    with pytest.raises(ExportCheckError):
+        onnx_file(cfg, load_predictor(other))
