@@ -334,6 +334,20 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(files, tor
         assert got["labels"] == want["labels"] and np.allclose(got["probs"], want["probs"], atol=1e-5, rtol=0)
 
 
+def test_good_and_bad_images_sent_together_each_get_their_own_status(files, torch_server):
+    """32 requests from 8 threads, every other one an undecodable image: the good ones answered as alone, the
+    bad ones 422, while batches form (LitServe would fail a whole batch on an exception: none is raised)."""
+    good = files["images"][0]
+    alone = torch_server.post(good).json()
+    jobs = [good if i % 2 == 0 else b"\x89PNG but not really" for i in range(32)]
+    with ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(lambda p: torch_server.post(p, timeout=60), jobs))
+    assert [r.status_code for r in responses] == [200 if i % 2 == 0 else 422 for i in range(32)]
+    for r in responses[::2]:  # a batch is one forward pass: equal up to float rounding
+        assert r.json()["labels"] == alone["labels"] and np.allclose(r.json()["probs"], alone["probs"], atol=1e-6)
+    assert max(int(r.headers["X-Batch-Size"]) for r in responses[::2]) > 1
+
+
 def test_a_bad_image_in_a_batch_fails_only_its_own_request(files):
     from vitpipe.tasks.serving.api import Decoded
 
