@@ -14,10 +14,14 @@ shows any more) fails ``test_every_shown_command_has_a_spec``.
 from __future__ import annotations
 
 import csv
+import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +51,10 @@ class Spec:
     needs_fmnist: bool = False
     expect: tuple[str, ...] = field(default=())   # substrings its stdout must hold
     files: tuple[str, ...] = field(default=())    # paths (relative to the working dir) it must leave
+    server: str | None = None             # a server: run with port=<free> until GET <this path> answers 200,
+                                          # then `ask` (each must exit 0 printing "labels"), then Ctrl-C: exit 0
+    ask: tuple[str, ...] = field(default=())      # shell lines sent to a running server ({port}: its port)
+    needs_chromium: bool = False
 
 
 TRAIN = "python scripts/train.py"
@@ -63,11 +71,40 @@ SOURCE = f"{TRAIN} experiment=transfer_source"
 MAE_FMNIST = f"{TRAIN} experiment=mae_fmnist"
 FLEXI = f'{TRAIN} model=vit_micro model.img_size=28 data=fashion_mnist "model.flexi_patch_sizes=[4,7,14]"'
 ASPECT = "python scripts/make_aspect_data.py --out data/fmnist_aspect --train 3000 --val 500 --test 1000 --seed 0"
+MOSAICS = "python scripts/make_mosaics.py --out data/fmnist_mosaics --train 4000 --val 500 --test 500 --seed 0"
+MOSAIC_TRAIN = (f"{TRAIN} data=imagefolder data.root=data/fmnist_mosaics data.labels=labels.csv module.task=multilabel "
+                "model.img_size=56 model.patch_size=14 model.dim=64 model.depth=2 model.num_heads=2 data.augment=false "
+                "module.optimizer.lr=3e-3 module.label_smoothing=0 data.batch_size=64 trainer=cpu trainer.max_epochs=20 seed=0")
+DEMO_FMNIST = f"{TRAIN} experiment=fmnist_vit module.distill=null trainer.max_epochs=2 logger=none"
+SERVE = "python scripts/serve.py ckpt_path=last"
+ASK = ("curl -sf -X POST localhost:{port}/predict -F image=@digits_png/00_true8.png",
+       'curl -sf -X POST "localhost:{port}/predict?explain=rollout" -F image=@digits_png/00_true8.png')
 S = tuple(SHORT_TRAIN)
 SB = (*S, "data.batch_size=8", "data.eval_batch_size=8")   # 2 batches of a big model: small ones
 HEADLINE_FAILS = (r"model: could not fetch timm weights 'vit_base_patch16_224\.augreg_in21k'")
 
 SPECS: dict[str, Spec] = {
+    # docs/serving.md
+    'pip install -e ".[serve]"': Spec(skip="an install step: .ci/run installs .[dev], which holds the serve extra"),
+    SERVE: Spec(needs=(DEFAULT, PNGS), session="e2e", server="/health", ask=ASK,
+                expect=("vitpipe serve: POST http://127.0.0.1:", "classes (10)")),
+    "python scripts/serve.py ckpt_path=logs/train/runs/<time> port=8080 max_batch_size=32 batch_timeout_ms=10 "
+    "workers_per_device=1": Spec(needs=(DEFAULT, PNGS), time_of=DEFAULT, session="e2e", server="/health", ask=ASK[:1],
+                                 expect=("max_batch_size=32, batch_timeout_ms=10",)),
+    f"{SERVE} backend=onnx": Spec(needs=(DEFAULT, PNGS), session="e2e", server="/health", ask=ASK[:1],
+                                  expect=("backend=onnx",)),
+    "python scripts/benchmark.py --only serve --variant vit_ti4 --batch-size 32 --requests 2000 --clients 16": Spec(
+        append=("--variant", "vit_micro", "--batch-size", "8", "--requests", "24", "--clients", "4", "--repeats", "1",
+                "--warmup", "1"), expect=("served_batched: 24/24 answered (0 failed)",)),
+    # docs/demo.md
+    "python scripts/demo.py ckpt_path=last": Spec(needs=(DEFAULT,), session="e2e", server="/",
+                                                  expect=("vitpipe demo: http://127.0.0.1:", "vitpipe demo: stopped")),
+    DEMO_FMNIST: Spec(append=SB, needs_fmnist=True),
+    "python -m vitpipe.tasks.demo_screenshot --ckpt logs/fmnist_vit/runs/<time> --example 0 --out docs/img/demo.png": Spec(
+        needs=(DEMO_FMNIST,), time_of=DEMO_FMNIST, needs_fmnist=True, needs_chromium=True, files=("docs/img/demo.png",)),
+    # docs/multilabel.md
+    MOSAICS: Spec(needs_fmnist=True, files=("data/fmnist_mosaics/labels.csv", "data/fmnist_mosaics/manifest.csv")),
+    MOSAIC_TRAIN: Spec(append=S, needs=(MOSAICS,), needs_fmnist=True, expect=("test/map",)),
     # docs/mae.md
     f"{TRAIN} model=mae_vit_nano module=mae": Spec(append=S, expect=("mae_vit_nano on DigitsDataModule", "test/loss")),
     MAE_FMNIST: Spec(append=SB, needs_fmnist=True, expect=("test/loss",)),
@@ -103,11 +140,11 @@ SPECS: dict[str, Spec] = {
     'data.naflex.enabled=true "data.naflex.seq_lens=[49]" data.naflex.max_seq_len=49': Spec(
         append=S, needs=(ASPECT,), needs_fmnist=True, expect=("test/acc",)),
     f"{TRAIN} model=vit_micro model.img_size=28 data=imagefolder data.root=data/fmnist_aspect_sq "
-    "data.augment=false data.hflip=false trainer.max_epochs=5 seed=0": Spec(
+    "data.augment=false data.hflip=false trainer.max_epochs=20 seed=0": Spec(
         append=S, needs=(f"{ASPECT.replace('fmnist_aspect', 'fmnist_aspect_sq')} --squash 28",), needs_fmnist=True,
         expect=("test/acc",)),
     f"{TRAIN} model=vit_micro model.img_size=28 data=imagefolder data.root=data/fmnist_aspect "
-    'data.hflip=false trainer.max_epochs=5 seed=0 data.naflex.enabled=true "data.naflex.seq_lens=[49]" '
+    'data.hflip=false trainer.max_epochs=20 seed=0 data.naflex.enabled=true "data.naflex.seq_lens=[49]" '
     "data.naflex.max_seq_len=49": Spec(append=S, needs=(ASPECT,), needs_fmnist=True, expect=("test/acc",)),
     f'{TRAIN} data=fashion_mnist data.naflex.enabled=true model=vit_micro model.img_size=28 '
     '"data.naflex.seq_lens=[16,25,49]" data.naflex.max_seq_len=49': Spec(append=S, needs_fmnist=True,
@@ -281,11 +318,57 @@ class Session:
                                       text=True) for rank in (0, 1)]
             outs = [p.communicate(timeout=600) for p in procs]
             result = subprocess.CompletedProcess(args, procs[0].returncode, outs[0][0], outs[0][1])
+        elif spec.server:
+            result = self.serve(args, spec)
         else:
             result = subprocess.run(args, cwd=self.home, env=self.env, capture_output=True, text=True, timeout=900)
         result.seconds = time.monotonic() - started
         self.results[command] = result
         return result
+
+
+    def serve(self, args: list[str], spec: Spec, timeout: float = 300.0) -> subprocess.CompletedProcess:
+        """A server command as typed plus ``port=<free>`` (Hydra takes the last value): once it has printed
+        its address and GET ``spec.server`` answers 200 (at most ``timeout`` s), the ``spec.ask`` lines, then Ctrl-C (SIGINT) to
+        its PID; SIGKILL to its own process group if it outlives 30 s more. Exit 0 only when the server
+        answered, every line printed an answer and the server stopped with status 0."""
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        log = self.home / f"server-{port}.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen([*args, f"port={port}"], cwd=self.home, env=self.env, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        ready, asked = False, []
+        try:
+            deadline = time.monotonic() + timeout
+            while not ready and proc.poll() is None and time.monotonic() < deadline:
+                if f"127.0.0.1:{port}" not in log.read_text():  # it printed its address: up, not only bound
+                    time.sleep(0.5)
+                    continue
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}{spec.server}", timeout=5) as r:
+                        ready = r.status == 200
+                except OSError:
+                    time.sleep(0.5)
+            if ready:
+                asked = [subprocess.run(line.format(port=port), shell=True, cwd=self.home, env=self.env,
+                                        capture_output=True, text=True, timeout=60) for line in spec.ask]
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+        answered = all(a.returncode == 0 and '"labels"' in a.stdout for a in asked)
+        text = log.read_text() + "".join(a.stdout for a in asked) + ("" if ready else "\n(the server never answered)")
+        ok = ready and answered and proc.returncode == 0
+        return subprocess.CompletedProcess(args, 0 if ok else 1, text, text)
 
 
 def _tiny_imagenet(root: Path, classes: int = 1000) -> None:
@@ -326,6 +409,8 @@ def test_shown_command_runs_as_typed(sessions, command):
         pytest.skip(spec.skip)
     if spec.needs_fmnist and not FMNIST.is_dir():
         pytest.skip(f"Fashion-MNIST is not installed ({FMNIST}: apt-get install dataset-fashion-mnist)")
+    if spec.needs_chromium and not (shutil.which("chromium") and shutil.which("chromedriver")):
+        pytest.skip("chromium / chromedriver are not installed (apt-get install chromium chromium-driver)")
     if (spec.fails in (GPU_LINE,) and torch.cuda.is_available()) or (spec.fails == SLURM_LINE and shutil.which("sbatch")):
         pytest.skip("this machine can run it: the gpu and slurm suites do")
     shown_output = next((s.output for s in SHOWN if s.command == command and s.output), None)
