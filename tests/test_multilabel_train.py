@@ -78,7 +78,7 @@ def test_short_run_learns_well_above_the_label_frequency_baseline(mosaics, cfg_f
     assert base == pytest.approx(0.25, abs=0.03)  # k ~ U{1..4} distinct classes of 10: 2.5 / 10
     assert metrics["test/map"] > base + 0.15, (metrics["test/map"], base)  # measured: 0.52 vs 0.25
     assert metrics["val/map_best"] >= metrics["val/map"] - 1e-6
-    assert (cfg.callbacks.model_checkpoint.monitor, cfg.optimized_metric) == ("val/map", "val/acc_best")
+    assert (cfg.callbacks.model_checkpoint.monitor, cfg.optimized_metric) == ("val/map", "val/map_best")
 
 
 def test_mixup_ema_asl_and_balanced_pos_weight_train(mosaics, cfg_factory):
