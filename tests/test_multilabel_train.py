@@ -124,4 +124,4 @@ def test_make_mosaics_is_seeded_labels_are_the_tiles_classes_and_out_is_never_ha
     assert not train_items & val_items  # disjoint parts of Fashion-MNIST's training set
     with pytest.raises(ConfigError, match=r"--out=.* exists; pass --overwrite"):
         make_mosaics(MosaicConfig(out=str(again), train=1, val=0, test=0), progress=False)
-    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left beside it

@@ -32,9 +32,7 @@ import gzip
 import io
 import math
 import os
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +42,7 @@ from tqdm import tqdm
 
 from vitpipe.data.fashion_mnist import DEBIAN_DIR, FASHION_MNIST
 from vitpipe.errors import ConfigError
+from vitpipe.export.staging import staged_folder
 
 MAX_ASPECT = 3.0  # canvases span W/H in [1/MAX_ASPECT, MAX_ASPECT]
 SOURCE_FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
@@ -177,9 +176,7 @@ def make_aspect_data(cfg: AspectConfig, *, progress: bool = True) -> Path:
         raise ConfigError(f"--out={out} exists; pass --overwrite to replace it, or choose another folder")
     source = load_source(cfg.source_dir)  # checked before anything is written
     rows = plan(cfg, source)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
-    try:
+    with staged_folder(out, overwrite=True) as tmp:  # checked above; a kill leaves the old set or none
         for split in ("train", "val", "test"):  # every class folder, even an empty one: the same classes
             for c in range(FASHION_MNIST.num_classes):
                 (tmp / split / class_folder(c)).mkdir(parents=True)
@@ -193,24 +190,7 @@ def make_aspect_data(cfg: AspectConfig, *, progress: bool = True) -> Path:
             writer = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n")
             writer.writeheader()
             writer.writerows(rows)
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
-            os.replace(out, old / "set")
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def parse_args(argv=None) -> argparse.Namespace:

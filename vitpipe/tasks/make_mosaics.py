@@ -24,10 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +33,8 @@ from tqdm import tqdm
 
 from vitpipe.data.fashion_mnist import DEBIAN_DIR, FASHION_MNIST
 from vitpipe.errors import ConfigError
-from vitpipe.tasks.make_aspect_data import _umask, load_source, png_bytes
+from vitpipe.export.staging import staged_folder
+from vitpipe.tasks.make_aspect_data import load_source, png_bytes
 
 TILE = 28
 LABELS_FILE = "labels.csv"
@@ -117,9 +115,7 @@ def make_mosaics(cfg: MosaicConfig, *, progress: bool = True) -> Path:
         raise ConfigError(f"--out={out} exists; pass --overwrite to replace it, or choose another folder")
     source = load_source(cfg.source_dir)  # checked before anything is written
     rows = plan(cfg, source)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
-    try:
+    with staged_folder(out, overwrite=True) as tmp:  # checked above; a kill leaves the old set or none
         for split in ("train", "val", "test"):
             (tmp / split).mkdir()
         for r in tqdm(rows, desc=f"mosaics -> {out}", unit="img", disable=not progress):
@@ -132,17 +128,6 @@ def make_mosaics(cfg: MosaicConfig, *, progress: bool = True) -> Path:
             writer = csv.DictWriter(f, fieldnames=MANIFEST_FIELDS, lineterminator="\n")
             writer.writeheader()
             writer.writerows(rows)
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
-            os.replace(out, old / "set")
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
