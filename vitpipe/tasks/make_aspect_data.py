@@ -186,27 +186,38 @@ def make_aspect_data(cfg: AspectConfig, *, progress: bool = True) -> Path:
             if cfg.squash:  # what resizing to a square does to a canvas, stored: the fixed path's baseline
                 canvas = np.asarray(Image.fromarray(canvas).resize((cfg.squash, cfg.squash), Image.Resampling.BICUBIC))
             (tmp / r["path"]).write_bytes(png_bytes(canvas))
-        with open(tmp / MANIFEST, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n")
-            writer.writeheader()
-            writer.writerows(rows)
+        write_manifest(tmp / MANIFEST, rows, FIELDS)
     return out
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def data_set_parser(description: str, *, what: str) -> argparse.ArgumentParser:
+    """The options every Fashion-MNIST-derived data set writer takes (``what``: what ``--train`` counts)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--out", required=True, help="folder to create (data.root of data=imagefolder)")
-    p.add_argument("--train", type=int, default=2000, help="training images (all classes together)")
+    p.add_argument("--train", type=int, default=2000, help=f"training {what}")
     p.add_argument("--val", type=int, default=500)
     p.add_argument("--test", type=int, default=500)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--short-side", type=int, default=28, help="canvas short side in pixels (the item's size)")
-    p.add_argument("--background", type=int, default=0, help="canvas grey level 0..255")
     p.add_argument("--source-dir", default=DEBIAN_DIR, help="folder of Fashion-MNIST's gz idx files")
-    p.add_argument("--squash", type=int, default=None,
-                   help="resize every canvas to N x N (the same items squashed: a baseline for native aspect)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def write_manifest(path: Path, rows: list[dict], fields) -> None:
+    """``rows`` as a CSV with the header ``fields`` (inside a staged folder: renamed with it)."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = data_set_parser(__doc__.split("\n")[0], what="images (all classes together)")
+    p.add_argument("--short-side", type=int, default=28, help="canvas short side in pixels (the item's size)")
+    p.add_argument("--background", type=int, default=0, help="canvas grey level 0..255")
+    p.add_argument("--squash", type=int, default=None,
+                   help="resize every canvas to N x N (the same items squashed: a baseline for native aspect)")
     return p.parse_args(argv)
 
 

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from vitpipe.data.fashion_mnist import DEBIAN_DIR, FASHION_MNIST
 from vitpipe.errors import ConfigError
 from vitpipe.export.staging import staged_folder
-from vitpipe.tasks.make_aspect_data import load_source, png_bytes
+from vitpipe.tasks.make_aspect_data import data_set_parser, load_source, png_bytes, write_manifest
 
 TILE = 28
 LABELS_FILE = "labels.csv"
@@ -124,24 +124,12 @@ def make_mosaics(cfg: MosaicConfig, *, progress: bool = True) -> Path:
             writer = csv.writer(f, lineterminator="\n")
             writer.writerow(("path", "labels", "split"))
             writer.writerows((r["path"], ";".join(row_labels(r)), r["split"]) for r in rows)
-        with open(tmp / MANIFEST, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=MANIFEST_FIELDS, lineterminator="\n")
-            writer.writeheader()
-            writer.writerows(rows)
+        write_manifest(tmp / MANIFEST, rows, MANIFEST_FIELDS)
     return out
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="folder to create (data.root of data=imagefolder)")
-    p.add_argument("--train", type=int, default=2000, help="training mosaics")
-    p.add_argument("--val", type=int, default=500)
-    p.add_argument("--test", type=int, default=500)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--source-dir", default=DEBIAN_DIR, help="folder of Fashion-MNIST's gz idx files")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
-    p.add_argument("--no-progress", action="store_true")
-    return p.parse_args(argv)
+    return data_set_parser(__doc__.split("\n")[0], what="mosaics").parse_args(argv)
 
 
 def main(argv=None) -> int:
