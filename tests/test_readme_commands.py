@@ -133,6 +133,9 @@ SPECS: dict[str, Spec] = {
         append=("--batch-size", "4", "--steps", "1", "--warmup", "1", "--repeats", "1"),
         expect=("mae_step vitpipe/reference",)),
     # docs/naflex.md
+    "python scripts/naflex_curve.py --out logs/naflex_curve --epochs 10 --train-per-class 600 --seed 0": Spec(
+        append=("--epochs", "1", "--train-per-class", "3", "--grids", "2", "3"), needs_fmnist=True,
+        expect=("wrote",), files=("logs/naflex_curve/results.csv", "logs/naflex_curve/seq_len_curve.png")),
     ASPECT: Spec(needs_fmnist=True, files=("data/fmnist_aspect/manifest.csv",)),
     f"{ASPECT.replace('fmnist_aspect', 'fmnist_aspect_sq')} --squash 28": Spec(
         needs_fmnist=True, files=("data/fmnist_aspect_sq/manifest.csv",)),

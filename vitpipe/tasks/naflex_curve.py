@@ -86,7 +86,7 @@ def run(cmd: list[str], log_dir: Path, task: str, *, tag: str) -> dict:
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{tag}.log"
     with open(log, "w") as f:
-        code = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode  # in the user's directory
     if code:
         tail = log.read_text().strip().splitlines()[-1:] or [""]
         raise SystemExit(f"naflex_curve: exit {code} from the command above ({log}): {tail[0]}")
