@@ -12,6 +12,7 @@ import numpy as np
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from PIL import Image
 
+from vitpipe.report.multilabel import MultilabelPredictions, write_multilabel_report
 from vitpipe.report.predictions import PREDICTIONS_FILE, TestPredictions
 from vitpipe.report.report import REPORT_DIR, write_report
 from vitpipe.report.samples import sample_image
@@ -37,11 +38,18 @@ class ReportCallback(TestPredictions):
         run_dir = Path(self.dirpath or trainer.default_root_dir)
         dm = trainer.datamodule
         names = getattr(dm, "class_names", None)
-        self.result.write(run_dir / PREDICTIONS_FILE, list(names) if names else None)
         ds = getattr(dm, "data_test", None)
         # keyed by the split evaluated (eval's split=val runs the test loop on the validation set)
         metrics = {f"{self.split}/{k.removeprefix('test/')}": float(v) for k, v in trainer.callback_metrics.items()
                    if k.startswith("test/") and v.numel() == 1}
+        if isinstance(self.result, MultilabelPredictions):  # scores per class: the per-class AP report
+            c = self.result.scores.shape[1]
+            self.result.write(run_dir / PREDICTIONS_FILE, list(names) if names else [str(i) for i in range(c)])
+            write_multilabel_report(run_dir, threshold=self.result.threshold, split=self.split,
+                                    metrics={k: v for k, v in metrics.items() if "/ap/" not in k})
+            self.figures = {}
+            return
+        self.result.write(run_dir / PREDICTIONS_FILE, list(names) if names else None)
         self.figures = write_report(run_dir, list(names) if names else None,
                                     num_classes=getattr(pl_module.net, "num_classes", None),
                                     image=(lambda i: sample_image(ds, i)) if ds is not None else None,

@@ -38,6 +38,7 @@ from vitpipe.report.calibration import (
 )
 from vitpipe.report.callback import ReportCallback
 from vitpipe.report.history import HISTORY_FILE
+from vitpipe.report.multilabel import MultilabelPredictions, best_f1_thresholds, is_multilabel, write_thresholds
 from vitpipe.report.predictions import Predictions, TestPredictions, evaluated_net
 from vitpipe.report.tta import TTAS, at_test_time
 from vitpipe.run.paths import run_dir_of
@@ -50,6 +51,7 @@ class EvalOptions:
     split: str = "test"
     calibrate: bool = False
     tta: str = "none"
+    tune_thresholds: bool = False
 
 
 def eval_options(cfg: DictConfig) -> EvalOptions:
@@ -65,7 +67,29 @@ def eval_options(cfg: DictConfig) -> EvalOptions:
         raise ConfigError(f"tta={tta!r}; valid choices: {', '.join(TTAS)}")
     if calibrate and split != "test":
         raise ConfigError("calibrate=true fits the temperature on the validation split: evaluate split=test with it")
-    return EvalOptions(split, calibrate, tta)
+    tune = cfg.get("tune_thresholds", False)
+    if not isinstance(tune, bool):
+        raise ConfigError(f"tune_thresholds={tune!r}; use true or false")
+    if tune and split != "val":
+        raise ConfigError("tune_thresholds=true fits per-class thresholds on the split evaluated: use split=val "
+                          "(thresholds tuned on the test split would make its F1 optimistic)")
+    return EvalOptions(split, calibrate, tta, tune)
+
+
+def multilabel_refusal(stored: dict | None, opts: EvalOptions) -> str | None:
+    """Why ``opts`` cannot evaluate a checkpoint with this stored run config (one line), or None.
+
+    Multi-label checkpoints: no temperature (calibrate) and no TTA (both are defined on the softmax here);
+    ``tune_thresholds`` needs one."""
+    if not is_multilabel(stored):
+        return ("tune_thresholds=true tunes per-class sigmoid thresholds: this checkpoint is not multi-label "
+                "(module.task=multiclass); drop it") if opts.tune_thresholds else None
+    if opts.calibrate:
+        return ("calibrate=true fits a softmax temperature; this checkpoint is multi-label (module.task=multilabel): "
+                "drop calibrate, or tune per-class thresholds with split=val tune_thresholds=true")
+    if opts.tta != "none":
+        return f"tta={opts.tta} averages softmax probabilities; this checkpoint is multi-label: use tta=none"
+    return None
 
 
 def unseen_flip_warning(stored: dict | None, tta: str) -> str | None:
@@ -144,6 +168,10 @@ def evaluate_with_report(cfg: DictConfig, trainer: L.Trainer, module: L.Lightnin
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/") and v.numel() == 1}
 
     result = report.result if report is not None else None
+    if isinstance(result, MultilabelPredictions):
+        if opts.tune_thresholds:
+            metrics |= _tune_thresholds(result, datamodule, ckpt_path, checkpoint, opts.split)
+        result = None  # no softmax: no NLL, no temperature
     if result is not None:
         metrics["test/nll"] = nll(result.logits, result.target)
     if temperature is not None and result is not None:
@@ -166,6 +194,21 @@ def evaluate_with_report(cfg: DictConfig, trainer: L.Trainer, module: L.Lightnin
     if opts.split != "test":
         metrics = {f"{opts.split}/{k.removeprefix('test/')}": v for k, v in metrics.items()}
     return metrics
+
+
+def _tune_thresholds(result: MultilabelPredictions, datamodule, ckpt_path: Path, checkpoint: dict | None,
+                     split: str) -> dict[str, float]:
+    """Per-class F1-maximising thresholds on ``result`` -> thresholds.json beside the checkpoint; returns
+    ``test/f1_macro_tuned`` (the macro F1 at them, on the split they were fitted on)."""
+    from vitpipe.run.checkpoint import load_checkpoint
+
+    scores, target = result.scores.numpy(), result.target.numpy()
+    names = list(getattr(datamodule, "class_names", None) or [str(i) for i in range(scores.shape[1])])
+    thresholds, f1 = best_f1_thresholds(scores, target, default=result.threshold)
+    checkpoint = checkpoint if checkpoint is not None else load_checkpoint(ckpt_path)
+    write_thresholds(ckpt_path.parent, names, thresholds, f1, identity=checkpoint_identity(ckpt_path, checkpoint),
+                     fitted_on=split)
+    return {"test/f1_macro_tuned": float(f1.mean())}
 
 
 def _require_test_split(datamodule) -> None:

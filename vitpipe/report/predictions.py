@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from vitpipe.report.calibration import expected_calibration_error
+from vitpipe.report.multilabel import MultilabelPredictions
 from vitpipe.report.samples import dataset_targets, sample_path
 from vitpipe.run.files import atomic_write_text
 
@@ -92,7 +93,8 @@ class TestPredictions(L.Callback):
     """Collect (index, logits, target) of every test batch; after the epoch ``self.result`` holds the
     Predictions of the whole test set on every rank, and ``test/ece`` is logged (15 bins, L1).
 
-    Needs a classifier batch ``(x, y)``. The logits are what ``test_step`` returns when it returns
+    Multi-label classifiers (``pl_module.multilabel``, targets (B, C)) give ``MultilabelPredictions``
+    (sigmoid scores; no ECE). Needs a classifier batch ``(x, y)``. The logits are what ``test_step`` returns when it returns
     a (B, C) tensor; otherwise the callback runs the module's evaluation network on ``x`` again.
     Other modules (captioners) are left alone.
     """
@@ -113,14 +115,15 @@ class TestPredictions(L.Callback):
         if dataloader_idx != 0 or not (isinstance(batch, (tuple, list)) and len(batch) == 2):
             return
         x, y = batch
-        if not _is_classifier(pl_module) or y.ndim != 1:
+        if not _is_classifier(pl_module) or y.ndim != (2 if _is_multilabel(pl_module) else 1):
             return
         if self._batches is None:
             raise RuntimeError("the test loader has no batch sampler: cannot tell which images a batch holds")
         index = torch.tensor(self._batches[batch_idx], dtype=torch.long)
         if len(index) != len(y):
             raise RuntimeError(f"test batch {batch_idx} holds {len(y)} images, its sampler gave {len(index)} indices")
-        logits = outputs if isinstance(outputs, Tensor) and outputs.shape[:1] == y.shape else _eval_logits(pl_module, x)
+        logits = (outputs if isinstance(outputs, Tensor) and outputs.ndim == 2 and len(outputs) == len(y)
+                  else _eval_logits(pl_module, x))
         self._parts.append((index.to(y.device), logits.detach().float(), y.detach()))
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -134,13 +137,17 @@ class TestPredictions(L.Callback):
             raise RuntimeError("a test image was evaluated twice (a padded sampler?); predictions would double count")
         ds = _test_dataset(trainer)
         if ds is not None:
-            known = dataset_targets(ds, index)
+            known = _known_targets(ds, index, multilabel=_is_multilabel(pl_module))
             if known is not None and not torch.equal(known, target):
                 raise RuntimeError("test labels differ from the data set's at the sampler's indices: "
                                    "the test loader's order is not deterministic")
         paths = None
         if ds is not None and len(index) and sample_path(ds, int(index[0])) is not None:
             paths = [sample_path(ds, int(i)) for i in index]
+        if _is_multilabel(pl_module):  # sigmoid scores per class; no top-1 confidence, so no ECE
+            self.result = MultilabelPredictions.from_logits(index, logits, target, paths,
+                                                            threshold=float(pl_module.hparams.threshold))
+            return
         self.result = Predictions.from_logits(index, logits, target, paths)
         # the same on every rank (all hold the gathered set): no further sync
         pl_module.log("test/ece", self.result.ece(), sync_dist=False)
@@ -161,6 +168,22 @@ def gather_unequal(trainer: L.Trainer, *tensors: Tensor) -> tuple[Tensor, ...]:
         g = strategy.all_gather(torch.cat([t, pad]))  # (world, longest, ...)
         out.append(torch.cat([g[r, :c] for r, c in enumerate(counts)]))
     return tuple(out)
+
+
+def _is_multilabel(pl_module: L.LightningModule) -> bool:
+    return bool(getattr(pl_module, "multilabel", False))
+
+
+def _known_targets(ds, index: Tensor, *, multilabel: bool) -> Tensor | None:
+    """The data set's labels at ``index`` ((N,) classes, or (N, C) multi-hot rows), read without images."""
+    if not multilabel:
+        return dataset_targets(ds, index)
+    from vitpipe.data.multilabel import multilabel_targets
+
+    try:
+        return multilabel_targets(ds)[index].to(torch.float32)
+    except Exception:  # noqa: BLE001 - a wrapper it cannot see through: nothing to check against
+        return None
 
 
 def _is_classifier(pl_module: L.LightningModule) -> bool:

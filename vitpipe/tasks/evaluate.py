@@ -25,6 +25,7 @@ from vitpipe.report.evaluation import (
     carve_warning,
     eval_options,
     evaluate_with_report,
+    multilabel_refusal,
     report_callbacks,
     unseen_flip_warning,
 )
@@ -41,6 +42,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     patch_size = model_patch_size(cfg)
     path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best")
     checkpoint = load_checkpoint(path)
+    refusal = multilabel_refusal(checkpoint.get("vitpipe_config"), opts)  # before any data loads
+    if refusal:
+        raise ConfigError(refusal)
     for warning in (unseen_flip_warning(checkpoint.get("vitpipe_config"), opts.tta),
                     carve_warning(checkpoint.get("vitpipe_config"), cfg.get("data"))):
         if warning:
