@@ -112,3 +112,128 @@ def test_eval_refuses_multiclass_only_options_in_one_line(trained, overrides, wo
     with pytest.raises(ConfigError, match=words) as err:
         evaluate(trained, "refused", *overrides)
     assert "\n" not in str(err.value)
+
+
+# ---- predict ------------------------------------------------------------------------------------
+
+
+def eval_scores(trained) -> dict[str, np.ndarray]:
+    """Scores per test image file, from eval's predictions.csv (module cache)."""
+    if "eval_scores" not in trained:
+        _, out = evaluate(trained, "eval_scores")
+        names = class_names(trained)
+        with (out / "predictions.csv").open(newline="") as f:
+            trained["eval_scores"] = {Path(r["path"]).name: scores_of(r, names) for r in csv.DictReader(f)}
+    return trained["eval_scores"]
+
+
+def all_scores(row: dict, names: list[str]) -> np.ndarray:
+    """Every class's score from a row written with topk >= the class count."""
+    top = {row[f"top{r}_label"]: float(row[f"top{r}_prob"]) for r in range(1, len(names) + 1)}
+    return np.array([top[n] for n in names])
+
+
+@pytest.mark.parametrize("threshold", [0.5, THRESHOLD])
+def test_predict_labels_are_exactly_the_classes_at_or_above_the_threshold(trained, threshold):
+    names = class_names(trained)
+    rows = predict_rows(trained, f"predict_{threshold}", f"threshold={threshold}", f"topk={len(names)}")
+    reference = eval_scores(trained)
+    assert len(rows) == 64 and set(rows[0]) >= {"path", "labels", "probs", "top1_label", "top1_prob"}
+    chosen = 0
+    for row in rows:
+        scores = all_scores(row, names)
+        # predict's scores are eval's (same transform, same sigmoid), to the 6 digits the CSV keeps
+        np.testing.assert_allclose(scores, reference[Path(row["path"]).name], rtol=1e-5, atol=1e-6)
+        labels = row["labels"].split(";") if row["labels"] else []
+        probs = [float(p) for p in row["probs"].split(";")] if row["probs"] else []
+        expected = [n for n, s in sorted(zip(names, scores), key=lambda t: -t[1]) if s >= threshold]
+        assert labels == expected and probs == pytest.approx(sorted(scores[scores >= threshold])[::-1], abs=1e-6)
+        chosen += len(labels)
+    if threshold == THRESHOLD:
+        assert 0 < chosen < 64 * len(names)  # some labels chosen, not all: the comparison has content
+
+
+def test_predict_json_rows_carry_label_lists(trained):
+    rows = predict_rows(trained, "predict_json", f"threshold={THRESHOLD}", "topk=3", out="preds.json")
+    assert isinstance(rows[0]["labels"], list) and isinstance(rows[0]["probs"], list)
+    assert all(p >= THRESHOLD for r in rows for p in r["probs"]) and "top4_label" not in rows[0]
+
+
+@pytest.mark.parametrize("overrides, words", [(["tta=hflip"], "averages softmax"), (["threshold=1.5"], "threshold=1.5")])
+def test_predict_refuses_in_one_line(trained, overrides, words):
+    with pytest.raises(ConfigError, match=words) as err:
+        predict_rows(trained, "predict_refused", *overrides)
+    assert "\n" not in str(err.value)
+
+
+# ---- thresholds tuned on validation --------------------------------------------------------------
+
+
+def test_tuned_thresholds_maximise_val_f1_and_are_what_predict_applies(trained, capfd):
+    metrics, out = evaluate(trained, "tune", "split=val", "tune_thresholds=true")
+    record = json.loads((trained["ckpt"].parent / "thresholds.json").read_text())
+    names = class_names(trained)
+    assert record["checkpoint"] == f"checkpoints/{trained['ckpt'].name}" and record["fitted_on"] == "val"
+    _, scores, target = read_multilabel_predictions(out / "predictions.csv")  # the validation split
+    t = np.array([record["thresholds"][n] for n in names])
+    for c, n in enumerate(names):
+        f1 = f1_score(target[:, c], scores[:, c] >= t[c], zero_division=0)
+        assert f1 == pytest.approx(record["f1"][n], abs=1e-9), n
+        best = max(f1_score(target[:, c], scores[:, c] >= s, zero_division=0) for s in scores[:, c])
+        assert f1 == pytest.approx(best, abs=1e-9), n  # no candidate threshold does better on val
+    assert metrics["val/f1_macro_tuned"] == pytest.approx(np.mean(list(record["f1"].values())), abs=1e-6)
+    assert metrics["val/f1_macro_tuned"] >= metrics["val/f1_macro"] - 1e-6
+    capfd.readouterr()
+    # threshold=null: thresholds.json; JSON keeps every digit of the scores compared with them
+    rows = predict_rows(trained, "predict_tuned", f"topk={len(names)}", out="preds.json")
+    assert "per-class thresholds from" in capfd.readouterr().err
+    assert len(set(t.round(6))) > 1  # per class, not one number
+    for row in rows:
+        s = all_scores(row, names)
+        expected = [n for n, v, tc in sorted(zip(names, s, t), key=lambda z: -z[1]) if v >= tc]
+        assert row["labels"] == expected, row["path"]
+
+
+def test_thresholds_of_another_checkpoint_are_not_applied(trained, tmp_path, capfd):
+    import shutil
+
+    from vitpipe.tasks.predict import load_predictor
+
+    other = tmp_path / "checkpoints" / trained["ckpt"].name
+    other.parent.mkdir()
+    shutil.copyfile(trained["ckpt"], other)
+    record = json.loads((trained["ckpt"].parent / "thresholds.json").read_text())
+    record["global_step"] = (record["global_step"] or 0) + 1  # fitted on another save under this name
+    (other.parent / "thresholds.json").write_text(json.dumps(record))
+    loaded = load_predictor(other)
+    assert "is not applied" in capfd.readouterr().err
+    assert torch.equal(loaded.thresholds, torch.full((len(class_names(trained)),), THRESHOLD, dtype=torch.float64))
+
+
+# ---- serve --------------------------------------------------------------------------------------
+
+
+def test_endpoint_answers_the_label_set_of_predicts_row(trained):
+    import base64
+
+    from vitpipe.tasks.serving.api import ImageAPI
+
+    names = class_names(trained)
+    rows = {Path(r["path"]).name: r for r in predict_rows(trained, "serve_ref", "topk=3")}
+    api = ImageAPI(ckpt_path=str(trained["ckpt"]), paths={"log_dir": "logs", "data_dir": "data"}, topk=3,
+                   max_batch_size=8)
+    api.setup("cpu")
+    assert api.loaded.multilabel and len(api.loaded.thresholds) == len(names)
+    files = sorted((trained["root"] / "test").rglob("*.png"))[:8]
+    payloads = [{"image": base64.b64encode(p.read_bytes()).decode()} for p in files]
+    out = api.predict(api.batch([api.decode_request(p) for p in payloads]))
+    some = 0
+    for path, response in zip(files, map(api.encode_response, api.unbatch(out))):
+        assert response.status_code == 200
+        body, row = json.loads(response.body), rows[path.name]
+        assert body["labels"] == (row["labels"].split(";") if row["labels"] else [])
+        assert body["probs"] == pytest.approx([float(p) for p in row["probs"].split(";")] if row["probs"] else [], abs=1e-5)
+        assert body["topk"]["labels"] == [row[f"top{r}_label"] for r in (1, 2, 3)]
+        assert body["topk"]["probs"] == pytest.approx([float(row[f"top{r}_prob"]) for r in (1, 2, 3)], abs=1e-5)
+        some += len(body["labels"])
+    assert some > 0

@@ -3,7 +3,7 @@ per image), its per-class report, and per-class thresholds tuned on a split (``t
 
 predictions.csv columns: ``index``, ``path`` (when the data has files), ``labels`` (the true label set,
 names joined by ``;``), ``predicted`` (the classes with score >= threshold, joined by ``;``), then per
-class ``score:<name>`` (sigmoid, %.9g) and ``true:<name>`` (0/1, the unambiguous form of ``labels``).
+class ``score:<name>`` (sigmoid, every digit of the float64) and ``true:<name>`` (0/1, the unambiguous form of ``labels``).
 Every multi-label score the module logs (mAP, per-class AP, F1) can be recomputed from this file alone.
 
 thresholds.json (beside the checkpoint, like calibration.json): ``{"thresholds": {class: t}, the
@@ -63,7 +63,7 @@ class MultilabelPredictions:
             w.writerow([int(self.index[k])] + ([self.paths[k]] if self.paths else [])
                        + [";".join(n for n, t in zip(class_names, true) if t),
                           ";".join(n for n, p in zip(class_names, pred[k].tolist()) if p)]
-                       + [f"{s:.9g}" for s in self.scores[k].tolist()] + [int(t) for t in true])
+                       + [repr(s) for s in self.scores[k].tolist()] + [int(t) for t in true])
         return buf.getvalue()
 
     def write(self, path: Path, class_names: list[str]) -> Path:
@@ -147,9 +147,12 @@ def write_multilabel_report(run_dir: Path, *, threshold: float, metrics: dict[st
 
 
 def best_f1_thresholds(scores: np.ndarray, target: np.ndarray, default: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
-    """Per class the threshold t maximising F1 of ``score >= t`` on these images, and that F1: the
-    candidates are the class's own scores (F1 only changes there); ties go to the highest t; a class
-    without positives keeps ``default`` (its F1 is 0 whatever t)."""
+    """Per class the threshold t maximising F1 of ``score >= t`` on these images, and that F1.
+
+    F1 only changes at the class's own scores, so those are the candidates (ties go to the highest); the
+    threshold returned is midway between the best score and the next lower one (half the best when
+    none is lower): the same F1 on these images, and a score recomputed in another batch or precision
+    does not flip across it. A class without positives keeps ``default`` (its F1 is 0 whatever t)."""
     from sklearn.metrics import precision_recall_curve
 
     c = target.shape[1]
@@ -160,7 +163,9 @@ def best_f1_thresholds(scores: np.ndarray, target: np.ndarray, default: float = 
         p, r, t = precision_recall_curve(target[:, k], scores[:, k])  # t ascending; p, r have one more entry
         f1 = np.where(p[:-1] + r[:-1] > 0, 2 * p[:-1] * r[:-1] / np.maximum(p[:-1] + r[:-1], 1e-300), 0.0)
         best = len(f1) - 1 - int(np.argmax(f1[::-1]))  # the highest threshold among the best
-        thresholds[k], f1s[k] = float(t[best]), float(f1[best])
+        below = scores[:, k][scores[:, k] < t[best]]
+        thresholds[k] = float((t[best] + below.max()) / 2 if len(below) else t[best] / 2)
+        f1s[k] = float(f1[best])
     return thresholds, f1s
 
 

@@ -7,6 +7,11 @@ checkpoint -> network + the run's eval transform (``vitpipe.data.preprocess``) -
   (``vitpipe.report.tta``): ``tta=hflip`` averages the softmax of the image and its mirror, then the
   temperature of a ``calibration.json`` beside the checkpoint divides the log of that, when it was
   fitted on this very checkpoint with this ``tta`` (else one line says why it is not applied);
+* multi-label classifiers (``module.task=multilabel``): ``path,labels,probs,top1_label,top1_prob,...``:
+  ``labels`` every class whose sigmoid score is >= its threshold (``a;b``, most probable first),
+  ``probs`` their scores; thresholds: ``threshold=`` for all classes, else a thresholds.json beside the
+  checkpoint tuned on it (``scripts/eval.py split=val tune_thresholds=true``), else the run's
+  ``module.threshold``; no tta, no calibration (a softmax temperature);
 * captioners: ``path,caption`` (the decoding settings the run validated with).
 
 CSV, or JSON (a list of the same rows) when ``out`` ends in ``.json``, written through a temporary
@@ -111,15 +116,19 @@ def batch_len(x) -> int:
 # --------------------------------------------------------------------------- the model side
 
 
-def class_probs(net, x: Tensor, *, tta: str = "none", temperature: float | None = None) -> Tensor:
+def class_probs(net, x: Tensor, *, tta: str = "none", temperature: float | None = None,
+                multilabel: bool = False) -> Tensor:
     """Softmax probabilities (B, classes) of a classifier: logits -> TTA -> temperature (Guo et al. 2017)
     -> softmax, eval's composition (``vitpipe.report.tta.tta_logits``). ``x``: images (B, C, H, W) or a
-    NaFlex patch dict (mirrored per image on its own grid for ``tta=hflip``)."""
+    NaFlex patch dict (mirrored per image on its own grid for ``tta=hflip``). ``multilabel``: the sigmoid
+    of each logit instead (no TTA, no temperature: ``load_predictor`` refuses them for such checkpoints)."""
     logits = net(x)
     if not (isinstance(logits, Tensor) and logits.ndim == 2 and logits.shape[0] == batch_len(x)):
         what = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ConfigError(f"predict: {type(net).__name__} returns {what}, not logits (B, classes); "
                           "predict handles classifiers and captioners")
+    if multilabel:
+        return logits.float().sigmoid()
     flipped = (lambda: net(hflip_patches(x, net.patch_size))) if isinstance(x, dict) else (lambda: net(x.flip(-1)))
     return tta_logits(logits, flipped, tta=tta, temperature=temperature).float().softmax(dim=-1)
 
@@ -135,6 +144,34 @@ def class_rows(paths: list[str], probs: Tensor, names: list[str], topk: int) -> 
             row[f"{key}label"], row[f"{key}prob"] = names[c], p
         rows.append(row)
     return rows
+
+
+def label_sets(scores: Tensor, names: list[str], thresholds: Tensor, topk: int) -> list[dict]:
+    """Multi-label answers per row of sigmoid scores (B, classes): ``labels`` every class whose score is
+    >= its threshold (``thresholds`` (classes,)), most probable first, ``probs`` their scores, ``topk``
+    ``{"labels", "probs"}`` of the k highest scores whatever the thresholds. Predict's rows and serve's bodies."""
+    above = scores.double() >= thresholds.double()  # (B, classes)
+    out = []
+    for row, keep, top in zip(scores.tolist(), above.tolist(), top_labels(scores, names, topk)):
+        chosen = sorted((c for c, k in enumerate(keep) if k), key=lambda c: -row[c])
+        out.append({"labels": [names[c] for c in chosen], "probs": [row[c] for c in chosen], "topk": top})
+    return out
+
+
+def label_set_rows(paths: list[str], scores: Tensor, names: list[str], thresholds: Tensor, topk: int) -> list[dict]:
+    """``path,labels,probs,top1_label,top1_prob,...`` rows (labels and probs are lists: ``a;b`` in a CSV)."""
+    rows = []
+    for path, answer in zip(paths, label_sets(scores, names, thresholds, topk)):
+        row = {"path": path, "labels": answer["labels"], "probs": answer["probs"]}
+        for rank, (n, p) in enumerate(zip(answer["topk"]["labels"], answer["topk"]["probs"]), start=1):
+            row[f"top{rank}_label"], row[f"top{rank}_prob"] = n, p
+        rows.append(row)
+    return rows
+
+
+def label_set_columns(topk: int, num_classes: int) -> list[str]:
+    return ["path", "labels", "probs"] + [f"top{r}_{k}" for r in range(1, min(topk, num_classes) + 1)
+                                          for k in ("label", "prob")]
 
 
 def columns(topk: int, num_classes: int) -> list[str]:
@@ -169,13 +206,21 @@ class Predictor:
     preprocess: Preprocess  # PIL image -> (C, H, W) tensor, or a NaFlex patch dict
     tta: str
     temperature: float | None  # of a calibration.json fitted on this checkpoint with this tta, else None
+    multilabel: bool = False  # a sigmoid per class (module.task=multilabel): label sets at ``thresholds``
+    thresholds: Tensor | None = None  # (classes,) for a multi-label checkpoint
 
 
-def load_predictor(ckpt_path, *, paths=None, task_name: str = "predict", device="cpu", tta: str = "none") -> Predictor:
+def load_predictor(ckpt_path, *, paths=None, task_name: str = "predict", device="cpu", tta: str = "none",
+                   threshold: float | None = None) -> Predictor:
     """Resolve ``ckpt_path`` (file | run dir | last), read it safely, rebuild the network and its eval
     transform (the NaFlex rule for NaFlex checkpoints) and find the calibration temperature: everything
-    ``predict`` does before the first image. ConfigError (one line) for a checkpoint or ``tta`` it cannot use."""
+    ``predict`` does before the first image. ConfigError (one line) for a checkpoint or ``tta`` it cannot use.
+
+    Multi-label checkpoints: ``thresholds`` per class are ``threshold`` when given, else those of a
+    thresholds.json beside the checkpoint fitted on it (``scripts/eval.py split=val tune_thresholds=true``),
+    else the run's ``module.threshold``; tta and calibration.json do not apply (tta refused)."""
     from vitpipe.report.evaluation import unseen_flip_warning
+    from vitpipe.report.multilabel import is_multilabel
     from vitpipe.run.checkpoint import load_checkpoint, rebuild
     from vitpipe.run.paths import resolve_ckpt_path
 
@@ -183,6 +228,12 @@ def load_predictor(ckpt_path, *, paths=None, task_name: str = "predict", device=
         raise ConfigError(f"tta={tta!r}; valid choices: {', '.join(TTAS)}")
     path = resolve_ckpt_path(ckpt_path, log_dir=paths.log_dir if paths is not None else None, which="best")
     checkpoint = load_checkpoint(path)
+    multilabel = is_multilabel(checkpoint.get("vitpipe_config"))
+    if multilabel and tta != "none":
+        raise ConfigError(f"tta={tta} averages softmax probabilities; this checkpoint is multi-label "
+                          "(module.task=multilabel): use tta=none")
+    if threshold is not None and not multilabel:
+        raise ConfigError(f"threshold={threshold} applies to multi-label checkpoints; this one is single-label: drop it")
     built = rebuild(checkpoint, path, paths=paths, task_name=task_name)
     net = built.net.to(device).eval()
     captioner = hasattr(net, "generate")
@@ -195,9 +246,27 @@ def load_predictor(ckpt_path, *, paths=None, task_name: str = "predict", device=
     if naflex is not None and captioner:
         raise ConfigError("data.naflex is set on a captioner checkpoint; NaFlex prediction supports classifiers")
     preprocess = Preprocess(built.datamodule, net.encoder if captioner else net, naflex=naflex)
-    temperature = None if captioner else calibration_temperature(path, checkpoint, tta=tta)
+    temperature = None if captioner or multilabel else calibration_temperature(path, checkpoint, tta=tta)
+    thresholds = class_thresholds(path, checkpoint, built, threshold) if multilabel else None
     return Predictor(path=path, checkpoint=checkpoint, built=built, net=net, captioner=captioner,
-                     preprocess=preprocess, tta=tta, temperature=temperature)
+                     preprocess=preprocess, tta=tta, temperature=temperature, multilabel=multilabel,
+                     thresholds=thresholds)
+
+
+def class_thresholds(path: Path, checkpoint: dict, built, threshold: float | None) -> Tensor:
+    """(classes,) thresholds of a multi-label checkpoint: ``threshold`` for all, else its thresholds.json
+    (fitted on this checkpoint), else ``module.threshold``; one line on stderr says which file was used or passed over."""
+    from vitpipe.report.multilabel import find_thresholds
+
+    c = int(built.net.num_classes)
+    if threshold is not None:
+        return torch.full((c,), float(threshold), dtype=torch.float64)
+    tuned, line = find_thresholds(path, checkpoint, label_names(built.class_names, c))
+    if line:
+        print(f"vitpipe: note: {line}", file=sys.stderr, flush=True)
+    if tuned is not None:
+        return tuned
+    return torch.full((c,), float(built.module.hparams.get("threshold", 0.5)), dtype=torch.float64)
 
 
 def captions(loaded: Predictor, x) -> list[str]:
@@ -253,6 +322,13 @@ def check_out(spec) -> Path:
     return out
 
 
+def cell(v) -> str:
+    """A CSV cell: floats as %.6g, lists (a label set, its probabilities) joined by ``;``."""
+    if isinstance(v, list):
+        return ";".join(cell(x) for x in v)
+    return f"{v:.6g}" if isinstance(v, float) else v
+
+
 def write_rows(rows: list[dict], cols: list[str], out: Path) -> Path:
     """CSV (floats as %.6g) or JSON by the suffix of ``out``, through a temporary file and a rename."""
     if out.suffix.lower() == ".json":
@@ -262,7 +338,7 @@ def write_rows(rows: list[dict], cols: list[str], out: Path) -> Path:
     writer = csv.DictWriter(buf, fieldnames=cols)
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
+        writer.writerow({k: cell(v) for k, v in row.items()})
     atomic_write_text(out, buf.getvalue())
     return out
 
@@ -278,7 +354,15 @@ def check_options(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={v!r}: expected an int >= {minimum}")
     if cfg.tta not in TTAS:
         raise ConfigError(f"tta={cfg.tta!r}; valid choices: {', '.join(TTAS)}")
+    check_threshold(cfg.get("threshold"))
     check_out(cfg.out)
+
+
+def check_threshold(t) -> None:
+    """``threshold=`` of predict and serve: null or a probability in [0, 1] (ConfigError otherwise)."""
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t <= 1.0):
+        raise ConfigError(f"threshold={t!r}: null (tuned thresholds.json, else the run's module.threshold) "
+                          "or a probability in [0, 1]")
 
 
 def predict(cfg: DictConfig) -> Path:
@@ -288,7 +372,8 @@ def predict(cfg: DictConfig) -> Path:
     check_options(cfg)
     device = resolve_device(cfg.device)
     files, not_images = find_images(cfg.images)
-    loaded = load_predictor(cfg.ckpt_path, paths=cfg.paths, task_name=cfg.task_name, device=device, tta=cfg.tta)
+    loaded = load_predictor(cfg.ckpt_path, paths=cfg.paths, task_name=cfg.task_name, device=device, tta=cfg.tta,
+                            threshold=cfg.get("threshold"))
     built, net, captioner, preprocess, temperature = (loaded.built, loaded.net, loaded.captioner, loaded.preprocess,
                                                       loaded.temperature)
     loader = DataLoader(ImageFiles(files, preprocess), batch_size=cfg.batch_size, num_workers=cfg.num_workers,
@@ -308,11 +393,14 @@ def predict(cfg: DictConfig) -> Path:
             if captioner:
                 rows += [{"path": p, "caption": c} for p, c in zip(paths, captions(loaded, x))]
             else:
-                probs = class_probs(net, x, tta=cfg.tta, temperature=temperature)
+                probs = class_probs(net, x, tta=cfg.tta, temperature=temperature, multilabel=loaded.multilabel)
                 if names is None:  # the class count as the network reports it
                     names = label_names(built.class_names, probs.shape[1])
-                    cols = columns(cfg.topk, len(names))
-                rows += class_rows(paths, probs.cpu(), names, cfg.topk)
+                    cols = (label_set_columns if loaded.multilabel else columns)(cfg.topk, len(names))
+                if loaded.multilabel:
+                    rows += label_set_rows(paths, probs.cpu(), names, loaded.thresholds, cfg.topk)
+                else:
+                    rows += class_rows(paths, probs.cpu(), names, cfg.topk)
     if not rows:
         raise ConfigError(f"images={cfg.images}: none of the {len(files)} file(s) could be read as an image")
     out = write_rows(rows, cols, check_out(cfg.out))  # checked again: the run took a while

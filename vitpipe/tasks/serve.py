@@ -57,8 +57,10 @@ def check_options(cfg: DictConfig) -> None:
         raise ConfigError(f"onnx_path={cfg.onnx_path} is served with backend=onnx; add backend=onnx or drop onnx_path")
     if cfg.get("onnx_path") and not Path(str(cfg.onnx_path)).is_file():
         raise ConfigError(f"onnx_path={cfg.onnx_path}: no such file; export one with scripts/export.py format=onnx")
+    from vitpipe.tasks.predict import check_threshold
     from vitpipe.viz.rollout import check_rollout_options
 
+    check_threshold(cfg.get("threshold"))
     check_rollout_options(head_fusion=cfg.head_fusion, discard_ratio=cfg.discard_ratio)
 
 
@@ -103,6 +105,9 @@ def banner(cfg: DictConfig, loaded, onnx_path: str | None) -> str:
         shown = ", ".join(names[:20]) + (f", ... ({len(names) - 20} more)" if len(names) > 20 else "")
         temp = f"; temperature {loaded.temperature:g} (calibration.json)" if loaded.temperature else ""
         lines.append(f"  classes ({len(names)}): {shown}; top-{min(cfg.topk, len(names))}, tta={cfg.tta}{temp}")
+        if loaded.multilabel:
+            t = loaded.thresholds
+            lines.append(f"  multi-label: every class with sigmoid >= its threshold ({float(t.min()):.3g}..{float(t.max()):.3g})")
     lines.append(f"  batching: max_batch_size={cfg.max_batch_size}, batch_timeout_ms={cfg.batch_timeout_ms:g}, "
                  f"workers_per_device={cfg.workers_per_device}; body limit {cfg.max_body_mb:g} MB")
     return "\n".join(lines)
@@ -116,6 +121,7 @@ def build_server(cfg: DictConfig, loaded, onnx_path: str | None):
 
     api = ImageAPI(ckpt_path=str(loaded.path), paths=OmegaConf.to_container(cfg.paths, resolve=True), topk=cfg.topk,
                    tta=cfg.tta, onnx_path=onnx_path, head_fusion=cfg.head_fusion, discard_ratio=cfg.discard_ratio,
+                   threshold=cfg.get("threshold"),
                    max_batch_size=cfg.max_batch_size, batch_timeout=cfg.batch_timeout_ms / 1000)
     gate = (RequestGate, {"path": "/predict", "max_body_bytes": int(cfg.max_body_mb * 1e6),
                           "explain_choices": explain_choices(loaded)})
@@ -146,7 +152,8 @@ def serve(cfg: DictConfig) -> None:
 
     check_options(cfg)
     require("litserve", "scripts/serve.py")
-    loaded = load_predictor(cfg.ckpt_path, paths=cfg.paths, task_name=cfg.task_name, device="cpu", tta=cfg.tta)
+    loaded = load_predictor(cfg.ckpt_path, paths=cfg.paths, task_name=cfg.task_name, device="cpu", tta=cfg.tta,
+                            threshold=cfg.get("threshold"))
     onnx_path = onnx_file(cfg, loaded) if cfg.backend == "onnx" else None
     server = build_server(cfg, loaded, onnx_path)
     print(banner(cfg, loaded, onnx_path), flush=True)

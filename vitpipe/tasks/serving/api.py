@@ -4,7 +4,8 @@
 safe loader, the eval transform, the calibration temperature); ``decode_request`` turns one request
 into the transformed image or a ``RequestError``; ``predict`` runs the good ones of a batch as one
 forward pass (``class_probs``, or ``captions``); ``encode_response`` answers each request on its own:
-``{"labels", "probs"}`` (plus ``"explain"``) or ``{"caption"}``, with the number of requests its batch
+``{"labels", "probs"}`` (plus ``"explain"``) or ``{"caption"}``; for a multi-label checkpoint ``labels``
+are every class at or above its threshold, with ``"topk": {"labels", "probs"}`` (``label_sets``), with the number of requests its batch
 held in the ``X-Batch-Size`` header; a refused request gets its status and ``{"detail": "..."}``.
 """
 
@@ -21,7 +22,15 @@ from fastapi.responses import JSONResponse
 from omegaconf import OmegaConf
 from PIL import Image
 
-from vitpipe.tasks.predict import captions, class_probs, label_names, load_predictor, to_device, top_labels
+from vitpipe.tasks.predict import (
+    captions,
+    class_probs,
+    label_names,
+    label_sets,
+    load_predictor,
+    to_device,
+    top_labels,
+)
 from vitpipe.tasks.serving.decode import Refused, RequestError, image_bytes, read_image
 
 BATCH_HEADER = "X-Batch-Size"
@@ -67,14 +76,15 @@ class ImageAPI(ls.LitAPI):
     """Settings only (plain values: this object is pickled into each worker); the model loads in ``setup``."""
 
     def __init__(self, *, ckpt_path: str, paths: dict, topk: int = 5, tta: str = "none", onnx_path: str | None = None,
-                 head_fusion: str = "mean", discard_ratio: float = 0.0, **litapi) -> None:
+                 head_fusion: str = "mean", discard_ratio: float = 0.0, threshold: float | None = None, **litapi) -> None:
         super().__init__(**litapi)
         self.ckpt_path, self.paths, self.topk, self.tta, self.onnx_path = ckpt_path, paths, topk, tta, onnx_path
+        self.threshold = threshold  # multi-label: one threshold for all classes; None: thresholds.json or the run's
         self.head_fusion, self.discard_ratio = head_fusion, discard_ratio
 
     def setup(self, device) -> None:
         self.loaded = load_predictor(self.ckpt_path, paths=OmegaConf.create(self.paths), task_name="serve",
-                                     device=device, tta=self.tta)
+                                     device=device, tta=self.tta, threshold=self.threshold)
         self.device = torch.device(device)
         net = self.loaded.net
         self.model = OnnxNet(self.onnx_path, getattr(net, "patch_size", None)) if self.onnx_path else net
@@ -118,8 +128,10 @@ class ImageAPI(ls.LitAPI):
                 if self.loaded.captioner:
                     bodies = [{"caption": c} for c in captions(self.loaded, batch)]
                 else:
-                    probs = class_probs(self.model, batch, tta=self.tta, temperature=self.loaded.temperature)
-                    bodies = top_labels(probs.cpu(), self.names, self.topk)
+                    probs = class_probs(self.model, batch, tta=self.tta, temperature=self.loaded.temperature,
+                                        multilabel=self.loaded.multilabel)
+                    bodies = (label_sets(probs.cpu(), self.names, self.loaded.thresholds, self.topk)
+                              if self.loaded.multilabel else top_labels(probs.cpu(), self.names, self.topk))
             for i, body in zip(good, bodies):
                 out[i] = Answer(body=body, batch_size=len(items))
                 if items[i].explain:
