@@ -237,3 +237,55 @@ def test_endpoint_answers_the_label_set_of_predicts_row(trained):
         assert body["topk"]["probs"] == pytest.approx([float(row[f"top{r}_prob"]) for r in (1, 2, 3)], abs=1e-5)
         some += len(body["labels"])
     assert some > 0
+
+
+# ---- export -------------------------------------------------------------------------------------
+
+
+def export(trained, fmt: str, out: Path) -> Path:
+    from vitpipe.tasks.export import export as run_export
+
+    return run_export(make_cfg(out.parent, [f"ckpt_path={trained['ckpt']}", f"format={fmt}", f"out={out}"],
+                               config_name="export"))
+
+
+def test_the_model_cards_sigmoid_snippet_gives_predicts_label_sets(trained, tmp_path, monkeypatch):
+    """timm export: config.json says multi_label with the thresholds predict applies; the card's usage
+    block, run as a reader would, gives predict's label set and scores per file."""
+    import re
+
+    from vitpipe.tasks.predict import load_predictor
+
+    names = class_names(trained)
+    out = export(trained, "timm", tmp_path / "ml_vit")
+    config = json.loads((out / "config.json").read_text())
+    thresholds = load_predictor(trained["ckpt"]).thresholds.tolist()
+    assert config["multi_label"] is True
+    assert config["thresholds"] == pytest.approx(thresholds, abs=0) and config["label_names"] == names
+    readme = (out / "README.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    assert ".sigmoid()" in code and "thresholds" in code and "softmax" not in code
+    rows = {Path(r["path"]).name: r for r in predict_rows(trained, "card_ref", f"topk={len(names)}", out="p.json")}
+    monkeypatch.chdir(tmp_path)
+    files = sorted((trained["root"] / "test").rglob("*.png"))[:6]
+    some = 0
+    for f in files:
+        scope: dict = {}
+        exec(compile(code.replace('"image.png"', repr(str(f))), "README.md", "exec"), scope)  # our own card
+        row = rows[f.name]
+        assert scope["labels"] == sorted(row["labels"], key=names.index), f.name
+        np.testing.assert_allclose(scope["scores"].detach().numpy(), all_scores(row, names), atol=1e-5)
+        some += len(scope["labels"])
+    assert some > 0
+
+
+def test_onnx_export_metadata_says_sigmoid_and_the_thresholds(trained, tmp_path):
+    import onnxruntime as ort
+
+    out = export(trained, "onnx", tmp_path / "ml.onnx")
+    meta = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map
+    from vitpipe.tasks.predict import load_predictor
+
+    assert meta["multi_label"] == "true" and "sigmoid" in meta["outputs"]
+    assert json.loads(meta["thresholds"]) == pytest.approx(load_predictor(trained["ckpt"]).thresholds.tolist(), abs=0)
+    assert json.loads(meta["label_names"]) == class_names(trained)

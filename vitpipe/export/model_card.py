@@ -79,9 +79,11 @@ def class_list(class_names: list[str]) -> str:
 
 
 def model_card(*, name: str, net: nn.Module, arch: str, spec: InputSpec, train_config: dict,
-               class_names: list[str] | None, run_dir: Path | None, temperature: float | None) -> str:
+               class_names: list[str] | None, run_dir: Path | None, temperature: float | None,
+               thresholds: list[float] | None = None) -> str:
     """README.md text for an exported timm folder named ``name``; ``train_config``: the run's config as the
-    checkpoint stores it (shown as text, never instantiated)."""
+    checkpoint stores it (shown as text, never instantiated); ``thresholds`` (one per class): a multi-label
+    model, one sigmoid per class, a class predicted at score >= its threshold (config.json's ``thresholds``)."""
     from timm.models._hub import generate_readme
 
     model_cfg = train_config.get("model") or {}
@@ -104,6 +106,9 @@ def model_card(*, name: str, net: nn.Module, arch: str, spec: InputSpec, train_c
     }
     if metrics:
         details["Test metrics"] = {k: f"{v:.4f}" for k, v in sorted(metrics.items())}
+    if thresholds is not None:
+        details["Outputs"] = ("multi-label: one sigmoid score per class (`.sigmoid()`, not a softmax); a class is "
+                              "predicted at score >= its threshold, config.json's `thresholds` (index order)")
     if temperature:
         details["Calibration"] = f"temperature {temperature:g} (divide the logits by it before the softmax)"
     card = {
@@ -111,7 +116,7 @@ def model_card(*, name: str, net: nn.Module, arch: str, spec: InputSpec, train_c
                        f"({net.num_classes} classes), exported to timm's format.",
         "details": details,
         "license": "other",
-        "usage": _usage(name, spec),
+        "usage": _usage(name, spec, multilabel=thresholds is not None),
     }
     text = generate_readme(card, name, task_name="image-classification")
     if class_names:
@@ -123,21 +128,25 @@ def model_card(*, name: str, net: nn.Module, arch: str, spec: InputSpec, train_c
     text += ("\nPaths are relative to the directory training was started in; `<local path>` stands for one "
              "outside it, and the machine's own settings (`paths`, `hydra`, loggers, callbacks) are left out.\n")
     text += f"\n<details><summary>Run config</summary>\n\n{fenced(shareable_config(train_config), 'yaml')}</details>\n"
+    answers = ("its label sets are only as good as its thresholds on such images" if thresholds is not None
+               else "it always answers with one of its classes")
     text += (
         "\n## Intended use and limits\n\n"
         f"Classifies images into the {net.num_classes} classes above, for images like those of the training "
         f"data ({data_name}). It has not been evaluated on any other distribution: on other kinds of images "
-        "its probabilities are not meaningful, and it always answers with one of its classes. Accuracy figures "
+        f"its probabilities are not meaningful, and {answers}. Accuracy figures "
         "above are on the run's own test split only. Check the licence of the training data before use and "
         "set this card's `license` accordingly.\n"
     )
     return text
 
 
-def _usage(name: str, spec: InputSpec) -> str:
+def _usage(name: str, spec: InputSpec, *, multilabel: bool = False) -> str:
     convert = "L" if spec.in_chans == 1 else "RGB"
     if spec.max_seq_len is not None:
         return _naflex_usage(name, spec, convert)
+    if multilabel:
+        return _multilabel_usage(name, convert)
     return (
         "```python\n"
         "import timm, torch\n"
@@ -148,6 +157,24 @@ def _usage(name: str, spec: InputSpec) -> str:
         f'x = transform(Image.open("image.png").convert("{convert}"))[None]\n'
         "probs = model(x).softmax(-1)\n"
         "label = model.pretrained_cfg['label_names'][probs.argmax().item()]\n"
+        "```\n"
+    )
+
+
+def _multilabel_usage(name: str, convert: str) -> str:
+    """One sigmoid per class; the label set: every class at or above its threshold (config.json)."""
+    return (
+        "```python\n"
+        "import json, timm, torch\n"
+        "from PIL import Image\n\n"
+        f'model = timm.create_model("local-dir:{name}", pretrained=True).eval()  # or "hf-hub:<user>/<repo>"\n'
+        f'thresholds = torch.tensor(json.load(open("{name}/config.json"))["thresholds"], dtype=torch.float64)\n'
+        "cfg = timm.data.resolve_data_config({}, model=model)\n"
+        "transform = timm.data.create_transform(**cfg)\n"
+        f'x = transform(Image.open("image.png").convert("{convert}"))[None]\n'
+        "scores = model(x).sigmoid()[0]  # one independent probability per class\n"
+        "names = model.pretrained_cfg['label_names']\n"
+        "labels = [names[c] for c in (scores >= thresholds).nonzero()[:, 0].tolist()]\n"
         "```\n"
     )
 

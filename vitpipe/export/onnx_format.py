@@ -37,10 +37,12 @@ ONNX_TOLERANCE = 1e-4  # max abs logit difference between onnxruntime and PyTorc
 ONNX_MAX_BYTES = 2**31  # protobuf's limit on one serialized message: the whole self-contained file
 
 
-def export_onnx(net: nn.Module, spec: InputSpec, out: Path) -> float:
+def export_onnx(net: nn.Module, spec: InputSpec, out: Path, *, metadata: dict[str, str] | None = None) -> float:
     """Write ``net`` (images (B, in_chans, H, W) -> logits (B, classes)) to ``out``; returns the max
     abs difference of onnxruntime's logits from PyTorch's on a random batch of 3. A model failing that
-    check is not written (ExportCheckError; an earlier ``out`` stays as it was)."""
+    check is not written (ExportCheckError; an earlier ``out`` stays as it was). ``metadata``: strings
+    stored in the file's ``metadata_props`` (onnxruntime: ``session.get_modelmeta().custom_metadata_map``),
+    e.g. a multi-label model's ``outputs: sigmoid`` and thresholds."""
     if hasattr(net, "generate"):
         raise ConfigError("format=onnx exports classifiers; this checkpoint is a captioner "
                           "(its decoding loop is not one graph): use scripts/predict.py for captions")
@@ -57,14 +59,14 @@ def export_onnx(net: nn.Module, spec: InputSpec, out: Path) -> float:
 
     def write(f) -> None:  # called on the temporary file; returning lets atomic_write rename it to out
         if graph is None:
-            model = _onnx_bytes(net, spec)
+            model = with_metadata(_onnx_bytes(net, spec), metadata)
             f.write(model)
             f.flush()
             diffs.append(check_onnx(net, model, torch.randn(3, spec.in_chans, *spec.img_size)))
             return
         from vitpipe.export.timm_format import naflex_probe
 
-        model = _onnx_bytes_naflex(graph, naflex_probe(spec, net.patch_size))
+        model = with_metadata(_onnx_bytes_naflex(graph, naflex_probe(spec, net.patch_size)), metadata)
         f.write(model)
         f.flush()
         for n in (max(1, spec.max_seq_len // 2), spec.max_seq_len):  # two sequence lengths: N really is dynamic
@@ -75,6 +77,18 @@ def export_onnx(net: nn.Module, spec: InputSpec, out: Path) -> float:
     except ExportCheckError as e:
         raise ExportCheckError(f"{e}; nothing was written to {out}") from None
     return max(diffs)
+
+
+def with_metadata(model: bytes, metadata: dict[str, str] | None) -> bytes:
+    """``model`` with ``metadata`` added to its ``metadata_props`` (unchanged when there is none)."""
+    if not metadata:
+        return model
+    import onnx
+
+    proto = onnx.load_from_string(model)
+    for key, value in metadata.items():
+        proto.metadata_props.add(key=str(key), value=str(value))
+    return proto.SerializeToString()
 
 
 def _onnx_bytes(net: nn.Module, spec: InputSpec) -> bytes:

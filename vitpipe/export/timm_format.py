@@ -55,11 +55,15 @@ def timm_arch(net: nn.Module, spec: InputSpec | None = None) -> str:
 
 
 def save_timm(net: nn.Module, spec: InputSpec, out: Path, *, class_names: list[str] | None = None,
-              readme: str | None = None, overwrite: bool = False) -> float:
+              readme: str | None = None, overwrite: bool = False, thresholds: list[float] | None = None) -> float:
     """Write the folder ``out``: ``config.json`` + ``model.safetensors`` (+ ``README.md`` = ``readme``); returns
     the max abs logit difference between the model timm loads back and ``net`` (ExportCheckError above
     ``TIMM_TOLERANCE``, and ``out`` untouched). ConfigError, before anything is written, when timm cannot
-    express a part of ``net`` or ``out`` is a non-empty folder and not ``overwrite``."""
+    express a part of ``net`` or ``out`` is a non-empty folder and not ``overwrite``.
+
+    ``thresholds`` (one per class): a multi-label network, its outputs are read as sigmoid scores; config.json
+    records ``"multi_label": true`` and the thresholds at its top level (timm's ``PretrainedCfg`` refuses
+    unknown fields, as for ``naflex``)."""
     from timm.models import save_for_hf
 
     arch = timm_arch(net, spec)
@@ -70,6 +74,8 @@ def save_timm(net: nn.Module, spec: InputSpec, out: Path, *, class_names: list[s
                                               first_conv="embeds.proj" if naflex else "patch_embed.proj",
                                               **spec.timm_data_config())
     labels = {"label_names": list(class_names)} if class_names else {}
+    if thresholds is not None:
+        labels |= {"multi_label": True, "thresholds": [float(t) for t in thresholds]}  # timm's PretrainedCfg has no field
     if naflex:
         labels["naflex"] = {"max_seq_len": spec.max_seq_len, "patch_size": list(net.patch_size)}
     with staged_folder(out, overwrite=overwrite) as folder:

@@ -70,8 +70,9 @@ def export(cfg: DictConfig) -> Path:
         stem = "_".join(filter(None, [str(built.cfg.model.get("name", "vit")), data.removesuffix("DataModule").lower()]))
         out = Path(cfg.paths.output_dir) / (stem + (".onnx" if cfg.format == "onnx" else ""))
 
+    thresholds = multilabel_thresholds(path, checkpoint, built)
     if cfg.format == "onnx":
-        diff = export_onnx(net, spec, out)
+        diff = export_onnx(net, spec, out, metadata=onnx_metadata(thresholds, built.class_names))
         print(f"vitpipe export: {out} ({out.stat().st_size / 1e6:.2f} MB; onnxruntime logits within {diff:.2g} "
               "of PyTorch's)")
         return out
@@ -81,13 +82,39 @@ def export(cfg: DictConfig) -> Path:
     net = fold_probe_bn(net)  # module.probe_bn: its eval-mode BN absorbed into the head (timm has no place for it)
     timm_arch(net, spec)  # a part timm cannot express: one line, before anything is written
     class_names = built.class_names if built.class_names and len(built.class_names) == net.num_classes else None
+    temperature = None if thresholds else calibration_temperature(path, checkpoint, tta="none")  # the card: plain logits
     card = model_card(name=out.name, net=net, arch=timm_arch(net, spec), spec=spec, train_config=checkpoint["vitpipe_config"],
-                      class_names=class_names, run_dir=run_dir_of(path),
-                      temperature=calibration_temperature(path, checkpoint, tta="none"))  # the card: plain logits
-    diff = save_timm(net, spec, out, class_names=class_names, readme=card, overwrite=cfg.get("overwrite", False))
+                      class_names=class_names, run_dir=run_dir_of(path), temperature=temperature, thresholds=thresholds)
+    diff = save_timm(net, spec, out, class_names=class_names, readme=card, overwrite=cfg.get("overwrite", False),
+                     thresholds=thresholds)
     print(f"vitpipe export: timm model in {out} (config.json, model.safetensors, README.md; "
           f"timm's logits within {diff:.2g} of the checkpoint's)")
     if cfg.get("push_to_hub"):
         url = push_folder(out, cfg.push_to_hub, private=bool(cfg.get("private", False)))
         print(f"vitpipe export: uploaded to {url}")
     return out
+
+
+def multilabel_thresholds(path: Path, checkpoint: dict, built) -> list[float] | None:
+    """A multi-label checkpoint's per-class thresholds as predict applies them (thresholds.json fitted on it,
+    else ``module.threshold``); None for a single-label one."""
+    from vitpipe.report.multilabel import is_multilabel
+    from vitpipe.tasks.predict import class_thresholds
+
+    if not is_multilabel(checkpoint.get("vitpipe_config")):
+        return None
+    return class_thresholds(path, checkpoint, built, None).tolist()
+
+
+def onnx_metadata(thresholds: list[float] | None, class_names) -> dict[str, str] | None:
+    """A multi-label ONNX file's ``metadata_props``: its outputs are logits to pass through a sigmoid, the
+    per-class thresholds and class names as JSON lists; None for a single-label one."""
+    if thresholds is None:
+        return None
+    import json
+
+    meta = {"multi_label": "true", "outputs": "logits; sigmoid per class, a class predicted at sigmoid >= its threshold",
+            "thresholds": json.dumps(thresholds)}
+    if class_names:
+        meta["label_names"] = json.dumps([str(n) for n in class_names])
+    return meta
