@@ -289,3 +289,29 @@ def test_onnx_export_metadata_says_sigmoid_and_the_thresholds(trained, tmp_path)
     assert meta["multi_label"] == "true" and "sigmoid" in meta["outputs"]
     assert json.loads(meta["thresholds"]) == pytest.approx(load_predictor(trained["ckpt"]).thresholds.tolist(), abs=0)
     assert json.loads(meta["label_names"]) == class_names(trained)
+
+
+# ---- gradient rollout of a chosen class ----------------------------------------------------------
+
+
+def test_gradient_rollout_explains_the_class_target_names(trained, tmp_path):
+    from vitpipe.run.checkpoint import load_checkpoint, rebuild
+    from vitpipe.tasks.visualize import class_index, classifier_maps, visualize
+    from vitpipe.viz.rollout import gradient_rollout
+
+    names = class_names(trained)
+    cfg = make_cfg(tmp_path, [f"ckpt_path={trained['ckpt']}", f"images={trained['root'] / 'test'}", "method=gradient",
+                              f"target={names[3]}", "num_images=2", "per_image=false", "device=cpu",
+                              f"out={tmp_path / 'figs'}"], config_name="visualize")
+    written = visualize(cfg)
+    assert [p.name for p in written] == ["gradient_grid.png"]
+    net = rebuild(load_checkpoint(trained["ckpt"]), trained["ckpt"]).net
+    assert class_index(names[3], names, len(names)) == 3 and class_index("7", names, len(names)) == 7
+    x = torch.randn(2, net.in_chans, 56, 56, generator=torch.Generator().manual_seed(0))
+    maps = [classifier_maps(net, x, ["gradient"], head_fusion="mean", discard_ratio=0.0, target=c, multilabel=True)
+            for c in (3, 5)]
+    torch.testing.assert_close(maps[0]["gradient"], gradient_rollout(net, x, 3))
+    assert not torch.allclose(maps[0]["gradient"], maps[1]["gradient"])  # another class, another map
+    torch.testing.assert_close(maps[0]["probs"], net(x).sigmoid())
+    with pytest.raises(ConfigError, match="not a class of this checkpoint"):
+        class_index("Zebra", names, len(names))

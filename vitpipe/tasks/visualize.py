@@ -6,7 +6,8 @@ checkpoint -> network (+ data module) -> images (a folder, or the val/test split
     <out>/<kind>_grid.png         every image's overlay in one figure
 
 Classifiers: kind ``rollout`` (Abnar & Zuidema 2020), ``gradient`` (Chefer et al. 2021, for the
-predicted class) and ``heads`` (each head of the last layer, the class token's row). Captioners:
+predicted class, or the class ``target=`` names, e.g. one label of a multi-label model) and ``heads``
+(each head of the last layer, the class token's row). Captioners:
 kind ``caption`` (the generated caption, one cross-attention overlay per generated word), plus
 ``rollout``/``heads`` of the ViT encoder when the method asks for them.
 
@@ -82,6 +83,11 @@ def check_options(cfg: DictConfig) -> None:
     if cfg.get("faithfulness_fill", "mean") not in FILLS:
         raise ConfigError(f"faithfulness_fill={cfg.faithfulness_fill!r} is not valid; choose one of {list(FILLS)}")
     check_steps(cfg.get("faithfulness_steps"))
+    t = cfg.get("target")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, str)) or (isinstance(t, int) and t < 0)):
+        raise ConfigError(f"target={t!r} is not valid; use null (the predicted class), a class name or a class index >= 0")
+    if t is not None and cfg.method not in ("gradient", "all"):
+        raise ConfigError(f"target={t} picks the class gradient rollout explains; use method=gradient (or all)")
     if cfg.images is None or str(cfg.images) == "":
         raise ConfigError(f"images is not set; pass a folder of images or a data split: {list(SPLITS)}")
     if str(cfg.images) not in SPLITS and not Path(str(cfg.images)).is_dir():
@@ -158,7 +164,10 @@ def split_images(dm, split: str, num_images: int | None, *, mean, std, channels:
             if getattr(dm, "fast_path", False):  # uint8 on the fast path: the eval transform (no augmentation)
                 x = dm.augment_batch(x, train=False)
             names = getattr(dm, "class_names", None)
-            batch_labels = [names[i] if names else str(i) for i in y.tolist()]
+            if y.ndim == 2:  # multi-label: the true label set
+                batch_labels = [";".join(names[c] if names else str(c) for c in row.nonzero()[:, 0].tolist()) for row in y]
+            else:
+                batch_labels = [names[i] if names else str(i) for i in y.tolist()]
         xs.append(x)
         labels += batch_labels
         seen += len(x)
@@ -224,8 +233,11 @@ def _wrap(text: str, width: int = 28) -> str:
 # --------------------------------------------------------------------------- maps
 
 
-def classifier_maps(net, x: Tensor, kinds: list[str], *, head_fusion: str, discard_ratio: float) -> dict:
-    """{kind: maps} for one batch; "heads": (B, heads, h, w), others (B, h, w); plus "probs" (B, classes)."""
+def classifier_maps(net, x: Tensor, kinds: list[str], *, head_fusion: str, discard_ratio: float,
+                    target: int | None = None, multilabel: bool = False) -> dict:
+    """{kind: maps} for one batch; "heads": (B, heads, h, w), others (B, h, w); plus "probs" (B, classes)
+    (softmax, or a sigmoid per class when ``multilabel``). ``target``: the class gradient rollout explains
+    (None: each image's predicted class)."""
     prefix = net.num_prefix_tokens
     query = "cls" if getattr(net, "pool", "cls") == "cls" and prefix >= 1 else "mean"
     grid = tuple(net.grid_size)  # inputs were resized to the model's img_size
@@ -233,7 +245,8 @@ def classifier_maps(net, x: Tensor, kinds: list[str], *, head_fusion: str, disca
     with torch.no_grad():
         tokens, attentions = net.forward_features(x, return_attn=True)  # explicit-path weights, this call only
         if hasattr(net, "forward_head") and getattr(net, "num_classes", 0) > 0:
-            out["probs"] = net.forward_head(tokens).float().softmax(dim=-1)
+            logits = net.forward_head(tokens).float()
+            out["probs"] = logits.sigmoid() if multilabel else logits.softmax(dim=-1)
     if "rollout" in kinds:
         out["rollout"] = attention_rollout(attentions, head_fusion=head_fusion, discard_ratio=discard_ratio,
                                            num_prefix_tokens=prefix, grid_size=grid, query=query)
@@ -241,7 +254,7 @@ def classifier_maps(net, x: Tensor, kinds: list[str], *, head_fusion: str, disca
         out["heads"] = attention_maps(attentions, layer=-1, num_prefix_tokens=prefix, grid_size=grid,
                                       query=query)[:, 0]  # (B, heads, h, w)
     if "gradient" in kinds:
-        out["gradient"] = gradient_rollout(net, x, discard_ratio=discard_ratio)  # target: the predicted class
+        out["gradient"] = gradient_rollout(net, x, target, discard_ratio=discard_ratio)  # None: the predicted class
     return out
 
 
@@ -270,6 +283,8 @@ def visualize(cfg: DictConfig) -> list[Path]:
     net, dm = run.net, run.datamodule
     naflex = naflex_settings(checkpoint.get("vitpipe_config"))
     if naflex is not None:
+        if cfg.get("target") is not None:
+            raise ConfigError(f"target={cfg.target}: NaFlex checkpoints draw attention rollout only; drop target")
         return visualize_naflex(cfg, net, dm, naflex, device)
     captioner = hasattr(net, "generate")
     kinds = kinds_for(cfg.method, captioner)
@@ -280,6 +295,8 @@ def visualize(cfg: DictConfig) -> list[Path]:
     if not isinstance(encoder, ViT):  # e.g. a timm CNN (model=timm): no attention to show
         raise ConfigError(f"attention maps need a vitpipe ViT; {ckpt_path} holds a {type(encoder).__name__}")
     mean, std, channels = data_stats(dm, encoder)
+    target = class_index(cfg.get("target"), getattr(dm, "class_names", None) or run.class_names, encoder.num_classes)
+    multilabel = bool(getattr(run.module, "multilabel", False))
 
     source = str(cfg.images)
     if source in SPLITS:
@@ -301,7 +318,7 @@ def visualize(cfg: DictConfig) -> list[Path]:
         sl = slice(start, start + cfg.batch_size)
         x = images.x[sl].to(device)
         maps = classifier_maps(encoder, x, [k for k in kinds if k != "caption"], head_fusion=cfg.head_fusion,
-                               discard_ratio=cfg.discard_ratio)
+                               discard_ratio=cfg.discard_ratio, target=target, multilabel=multilabel)
         maps = {k: v.cpu() for k, v in maps.items()}
         if captioner:
             words, word_maps = caption_maps(net, tokenizer, x, cfg.max_words)
@@ -311,7 +328,11 @@ def visualize(cfg: DictConfig) -> list[Path]:
             label = ""
             if "probs" in maps:
                 p, c = maps["probs"][i].max(dim=0)
-                label = f"pred {_class_name(dm, int(c))} ({p:.0%})" + (f", true {truth}" if truth else "")
+                if target is not None:  # the class explained, and its probability
+                    p, c, what = maps["probs"][i][target], target, "class"
+                else:
+                    what = "pred"
+                label = f"{what} {_class_name(dm, int(c))} ({p:.0%})" + (f", true {truth}" if truth else "")
             for kind in kinds:
                 if kind == "caption":
                     fig, entry = caption_figure(image, words[i], word_maps[i], truth, encoder.grid_size, style)
@@ -424,6 +445,21 @@ def write_faithfulness(net, x: Tensor, out: Path, cfg: DictConfig, device: torch
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "faithfulness.csv", buf.getvalue())
     return out / "faithfulness.csv"
+
+
+def class_index(target, names, num_classes: int) -> int | None:
+    """``target=`` as a class index: None stays None (the predicted class); a class name or an index in range."""
+    if target is None:
+        return None
+    if isinstance(target, str) and names and target in [str(n) for n in names]:
+        return [str(n) for n in names].index(target)
+    if isinstance(target, str) and target.isdigit():
+        target = int(target)
+    if isinstance(target, int) and 0 <= target < num_classes:
+        return target
+    shown = ", ".join(map(str, (names or [])[:10])) + (", ..." if names and len(names) > 10 else "")
+    raise ConfigError(f"target={target!r} is not a class of this checkpoint; use a class index 0..{num_classes - 1}"
+                      + (f" or a name ({shown})" if names else ""))
 
 
 def _class_name(dm, index: int) -> str:
