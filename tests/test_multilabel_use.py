@@ -315,3 +315,18 @@ def test_gradient_rollout_explains_the_class_target_names(trained, tmp_path):
     torch.testing.assert_close(maps[0]["probs"], net(x).sigmoid())
     with pytest.raises(ConfigError, match="not a class of this checkpoint"):
         class_index("Zebra", names, len(names))
+
+
+# ---- refusals elsewhere --------------------------------------------------------------------------
+
+
+def test_demo_refuses_and_serve_checks_threshold_in_one_line(trained, tmp_path):
+    from vitpipe.tasks.demo import load_model
+    from vitpipe.tasks.serve import check_options
+
+    cfg = make_cfg(tmp_path, [f"ckpt_path={trained['ckpt']}", "device=cpu"], config_name="demo")
+    with pytest.raises(ConfigError, match="is multi-label") as err:
+        load_model(cfg)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="threshold=2"):
+        check_options(make_cfg(tmp_path / "s", [f"ckpt_path={trained['ckpt']}", "threshold=2"], config_name="serve"))

@@ -153,6 +153,9 @@ def load_model(cfg: DictConfig) -> DemoModel:
 
     device = resolve_device(cfg.device)
     loaded = load_predictor(cfg.ckpt_path, paths=cfg.paths, task_name=cfg.task_name, device=device, tta=cfg.tta)
+    if loaded.multilabel:  # the page ranks one softmax over the classes
+        raise ConfigError(f"the demo page shows one softmax over classes; {loaded.path} is multi-label "
+                          "(module.task=multilabel): use scripts/serve.py or scripts/predict.py for its label sets")
     encoder = loaded.net.encoder if loaded.captioner else loaded.net
     if not isinstance(encoder, ViT):  # e.g. model=timm (a CNN): no attention to show
         raise ConfigError(f"the demo page draws attention maps of a vitpipe ViT; {loaded.path} holds a "
