@@ -79,6 +79,15 @@ DEMO_FMNIST = f"{TRAIN} experiment=fmnist_vit module.distill=null trainer.max_ep
 SERVE = "python scripts/serve.py ckpt_path=last"
 ASK = ("curl -sf -X POST localhost:{port}/predict -F image=@digits_png/00_true8.png",
        'curl -sf -X POST "localhost:{port}/predict?explain=rollout" -F image=@digits_png/00_true8.png')
+ML_DATA = "data=imagefolder data.root=data/fmnist_mosaics data.labels=labels.csv"
+ML_EVAL = f"python scripts/eval.py ckpt_path=logs/train/runs/<time> {ML_DATA}"
+ML_TUNE = f"{ML_EVAL} split=val tune_thresholds=true"
+ML_PREDICT = "python scripts/predict.py ckpt_path=logs/train/runs/<time> images=data/fmnist_mosaics/test out=mosaic_preds.csv"
+ML_EXPORT = "python scripts/export.py ckpt_path=logs/train/runs/<time> format=timm out=mosaics_vit"
+ML_VIS = ("python scripts/visualize_attention.py ckpt_path=logs/train/runs/<time> images=data/fmnist_mosaics/test "
+          "method=gradient target=Bag num_images=4")
+ML_SERVE = "python scripts/serve.py ckpt_path=logs/train/runs/<time>"
+ML_ASK = ("curl -sf -X POST localhost:{port}/predict -F image=@data/fmnist_mosaics/test/00000.png",)
 S = tuple(SHORT_TRAIN)
 SB = (*S, "data.batch_size=8", "data.eval_batch_size=8")   # 2 batches of a big model: small ones
 HEADLINE_FAILS = (r"model: could not fetch timm weights 'vit_base_patch16_224\.augreg_in21k'")
@@ -105,6 +114,15 @@ SPECS: dict[str, Spec] = {
     # docs/multilabel.md
     MOSAICS: Spec(needs_fmnist=True, files=("data/fmnist_mosaics/labels.csv", "data/fmnist_mosaics/manifest.csv")),
     MOSAIC_TRAIN: Spec(append=S, needs=(MOSAICS,), needs_fmnist=True, expect=("test/map",)),
+    ML_EVAL: Spec(needs=(MOSAICS, MOSAIC_TRAIN), time_of=MOSAIC_TRAIN, needs_fmnist=True, expect=("test/map",)),
+    ML_TUNE: Spec(needs=(MOSAICS, MOSAIC_TRAIN), time_of=MOSAIC_TRAIN, needs_fmnist=True, expect=("== vitpipe eval:",)),
+    ML_PREDICT: Spec(needs=(MOSAICS, MOSAIC_TRAIN, ML_TUNE), time_of=MOSAIC_TRAIN, needs_fmnist=True,
+                     expect=("vitpipe predict: 500 image(s)",), files=("mosaic_preds.csv",)),
+    ML_EXPORT: Spec(needs=(MOSAICS, MOSAIC_TRAIN), time_of=MOSAIC_TRAIN, needs_fmnist=True,
+                    files=("mosaics_vit/config.json", "mosaics_vit/README.md")),
+    ML_VIS: Spec(needs=(MOSAICS, MOSAIC_TRAIN), time_of=MOSAIC_TRAIN, needs_fmnist=True, expect=("PNG files (gradient)",)),
+    ML_SERVE: Spec(needs=(MOSAICS, MOSAIC_TRAIN), time_of=MOSAIC_TRAIN, needs_fmnist=True, server="/health", ask=ML_ASK,
+                   expect=("multi-label: every class with sigmoid",)),
     # docs/mae.md
     f"{TRAIN} model=mae_vit_nano module=mae": Spec(append=S, expect=("mae_vit_nano on DigitsDataModule", "test/loss")),
     MAE_FMNIST: Spec(append=SB, needs_fmnist=True, expect=("test/loss",)),
