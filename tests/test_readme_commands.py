@@ -359,7 +359,7 @@ class Session:
         log = self.home / f"server-{port}.log"
         with log.open("w") as out:
             proc = subprocess.Popen([*args, f"port={port}"], cwd=self.home, env=self.env, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_as_in_a_terminal)
         ready, asked = False, []
         try:
             deadline = time.monotonic() + timeout
@@ -390,6 +390,12 @@ class Session:
         text = log.read_text() + "".join(a.stdout for a in asked) + ("" if ready else "\n(the server never answered)")
         ok = ready and answered and proc.returncode == 0
         return subprocess.CompletedProcess(args, 0 if ok else 1, text, text)
+
+
+def _as_in_a_terminal() -> None:
+    """Ctrl-C as a terminal delivers it: a job started in the background by a non-interactive shell (CI
+    under ``cmd &``) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _tiny_imagenet(root: Path, classes: int = 1000) -> None:
