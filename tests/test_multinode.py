@@ -79,6 +79,15 @@ def _worst(a: dict, b: dict) -> float:
     return max((wa[k] - wb[k]).abs().max().item() for k in wa)
 
 
+def _step_scale(runs) -> float:
+    """How far 4 optimizer steps move a weight at most (the one-process run from step 4 to step 8): the
+    size of a real difference (another batch, a missed or repeated step). Two processes sum gradients in
+    another order than one; under Adam that rounding reached 1.1e-5 and 1.8e-5 on an Intel Xeon against
+    1.05e-2 for 4 steps: 0.1-0.2%, so the bound is 1%."""
+    return _worst(torch.load(runs["tmp"] / "steps" / f"step_{STOP_AT}.ckpt", weights_only=True),
+                  _last(runs["tmp"] / "one"))
+
+
 def test_two_torchrun_nodes_train_as_one_process_with_the_same_global_batch(runs):
     node0, node1 = runs["stopped"]
     assert node0.returncode == node1.returncode == 0, _out(node0) + _out(node1)
@@ -88,8 +97,9 @@ def test_two_torchrun_nodes_train_as_one_process_with_the_same_global_batch(runs
     a, b = runs["saved"], torch.load(runs["tmp"] / "steps" / f"step_{STOP_AT}.ckpt", weights_only=True)
     assert a["global_step"] == b["global_step"] == STOP_AT
     worst = _worst(a, b)
-    print(f"2 nodes x 1 x 8 vs 1 x 16 after {STOP_AT} steps: max |dw| = {worst:.2e}")
-    assert worst < 1e-5
+    scale = _step_scale(runs)
+    print(f"2 nodes x 1 x 8 vs 1 x 16 after {STOP_AT} steps: max |dw| = {worst:.2e} (4 steps move {scale:.2e})")
+    assert worst < 0.01 * scale
 
 
 def test_only_global_rank_0_writes_and_only_into_the_run_dir(runs):
@@ -117,5 +127,5 @@ def test_two_nodes_relaunched_into_their_run_dir_resume_and_end_as_one_uninterru
     assert a["global_step"] == b["global_step"] == 8
     worst = _worst(a, b)
     print(f"2 nodes resumed at step {STOP_AT} vs 1 x 16 uninterrupted, after 8 steps: "
-          f"max |dw| = {worst:.2e}")
-    assert worst < 1e-5
+          f"max |dw| = {worst:.2e} (4 steps move {_step_scale(runs):.2e})")
+    assert worst < 0.01 * _step_scale(runs)
