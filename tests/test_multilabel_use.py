@@ -239,6 +239,20 @@ def test_endpoint_answers_the_label_set_of_predicts_row(trained):
     assert some > 0
 
 
+def test_info_says_the_endpoint_answers_label_sets_at_these_thresholds(trained, tmp_path):
+    """/info of a multi-label checkpoint: task multilabel and the per-class thresholds the answers apply."""
+    from vitpipe.tasks.predict import load_predictor
+    from vitpipe.tasks.serve import server_info
+
+    cfg = make_cfg(tmp_path / "s", [f"ckpt_path={trained['ckpt']}", "device=cpu"], config_name="serve")
+    loaded = load_predictor(trained["ckpt"])
+    info = server_info(cfg, loaded, None)
+    names = class_names(trained)
+    assert info["task"] == "multilabel" and info["classes"] == names
+    assert info["thresholds"] == {n: float(t) for n, t in zip(names, loaded.thresholds.tolist())}
+    json.dumps(info)  # LitServe answers it as JSON
+
+
 # ---- export -------------------------------------------------------------------------------------
 
 

@@ -427,6 +427,22 @@ def test_explain_adds_the_rollout_grid_and_a_png(files, torch_server):
     assert np.allclose(by_json["grid"], want["rollout"].numpy(), atol=1e-5)
 
 
+def test_info_says_what_predict_answers(files, torch_server):
+    """GET /info: the checkpoint, the task (top-k softmax here), the classes, the calibration temperature
+    the answers carry, the explain methods and the batch settings, as the server applies them."""
+    from vitpipe.tasks.predict import label_names, load_predictor
+
+    loaded = load_predictor(files["calibrated"])
+    r = requests.get(f"{torch_server.url}/info", timeout=30)
+    assert r.status_code == 200, r.text
+    info = r.json()["model"]
+    assert info["task"] == "multiclass" and "thresholds" not in info
+    assert info["classes"] == label_names(loaded.built.class_names, int(loaded.net.num_classes))
+    assert info["temperature"] == pytest.approx(TEMPERATURE) and info["topk"] == 5
+    assert info["explain"] == ["rollout", "gradient_rollout"] and info["backend"] == "torch"
+    assert Path(info["checkpoint"]) == Path(loaded.path)
+
+
 # --------------------------------------------------------------------------- configuration
 
 

@@ -125,11 +125,31 @@ def build_server(cfg: DictConfig, loaded, onnx_path: str | None):
                    max_batch_size=cfg.max_batch_size, batch_timeout=cfg.batch_timeout_ms / 1000)
     gate = (RequestGate, {"path": "/predict", "max_body_bytes": int(cfg.max_body_mb * 1e6),
                           "explain_choices": explain_choices(loaded)})
-    metadata = {"checkpoint": str(loaded.path), "backend": cfg.backend, "onnx_path": onnx_path,
-                "captioner": loaded.captioner, "max_batch_size": cfg.max_batch_size,
-                "batch_timeout_ms": cfg.batch_timeout_ms, "explain": list(explain_choices(loaded))}
     return ls.LitServer(api, accelerator=cfg.device, workers_per_device=cfg.workers_per_device,
-                        timeout=cfg.timeout_s, middlewares=[gate], model_metadata=metadata)
+                        timeout=cfg.timeout_s, middlewares=[gate], model_metadata=server_info(cfg, loaded, onnx_path))
+
+
+def server_info(cfg: DictConfig, loaded, onnx_path: str | None) -> dict:
+    """What ``GET /info`` answers: the checkpoint, the backend, the batch settings, the ``explain``
+    methods, and what ``/predict`` answers: ``task`` (``multiclass``: top-k softmax; ``multilabel``:
+    every class with sigmoid >= its threshold, ``thresholds`` per class; ``caption``), the classes, top-k,
+    TTA and the calibration temperature applied."""
+    from vitpipe.tasks.serving.api import explain_choices
+
+    info = {"checkpoint": str(loaded.path), "backend": cfg.backend, "onnx_path": onnx_path,
+            "captioner": loaded.captioner, "max_batch_size": cfg.max_batch_size,
+            "batch_timeout_ms": cfg.batch_timeout_ms, "explain": list(explain_choices(loaded))}
+    if loaded.captioner:
+        return {**info, "task": "caption"}
+    from vitpipe.tasks.predict import label_names
+
+    names = label_names(loaded.built.class_names, int(loaded.net.num_classes))
+    info.update(task="multilabel" if loaded.multilabel else "multiclass", classes=names,
+                topk=min(int(cfg.topk), len(names)), tta=cfg.tta,
+                temperature=float(loaded.temperature) if loaded.temperature else None)
+    if loaded.multilabel:
+        info["thresholds"] = {n: float(t) for n, t in zip(names, loaded.thresholds.tolist())}
+    return info
 
 
 def stop_on_sigterm() -> None:
