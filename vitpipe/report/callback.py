@@ -45,9 +45,11 @@ class ReportCallback(TestPredictions):
         if isinstance(self.result, MultilabelPredictions):  # scores per class: the per-class AP report
             c = self.result.scores.shape[1]
             self.result.write(run_dir / PREDICTIONS_FILE, list(names) if names else [str(i) for i in range(c)])
-            write_multilabel_report(run_dir, threshold=self.result.threshold, split=self.split,
-                                    metrics={k: v for k, v in metrics.items() if "/ap/" not in k})
-            self.figures = {}
+            self.figures = write_multilabel_report(
+                run_dir, threshold=self.result.threshold, split=self.split,
+                metrics={k: v for k, v in metrics.items() if "/ap/" not in k},
+                image=(lambda i: sample_image(ds, i)) if ds is not None else None)
+            log_figures(trainer, self.figures)
             return
         self.result.write(run_dir / PREDICTIONS_FILE, list(names) if names else None)
         self.figures = write_report(run_dir, list(names) if names else None,
