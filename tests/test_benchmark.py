@@ -303,6 +303,10 @@ def test_serve_comparison_loads_both_servers_and_predict_with_no_failures():
     assert r["req/s batched/unbatched"] == pytest.approx(b["req_s"] / u["req_s"])
     assert r["p99 latency batched/unbatched"] == pytest.approx(b["p99_ms"] / u["p99_ms"])
     assert r["req/s served batched/predict.py img/s"] == pytest.approx(b["req_s"] / res["predict"]["img_s"])
-    assert len(r) == 4 and all(math.isfinite(v) and v > 0 for v in r.values())
+    ib, iu = res["in_process"]["batch_8"], res["in_process"]["batch_1"]  # the model code without HTTP
+    assert r["req/s batched/unbatched without HTTP (the bound)"] == pytest.approx(ib["req_s"] / iu["req_s"])
+    assert r["req/s served/without HTTP, batched"] == pytest.approx(b["req_s"] / ib["req_s"])
+    assert ib["ms_per_request"] == pytest.approx(1e3 / ib["req_s"])
+    assert len(r) == 7 and all(math.isfinite(v) and v > 0 for v in r.values())
     assert "served_batched: 24/24 answered (0 failed)" in format_table(result)
     json.dumps(result)

@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import copy
 import functools
+import io
 import json
 import logging
 import math
@@ -671,6 +672,36 @@ def predict_throughput(cfg: BenchConfig, ckpt: Path, files: list[Path], folder: 
     return {"images": len(files), "one_file_s": one_s, "all_files_s": all_s, "img_s": img_s, "step_s": 1 / img_s}
 
 
+def api_throughput(cfg: BenchConfig, ckpt: Path, bodies: list[bytes]) -> dict:
+    """Requests/s of the server's own model code without HTTP: ``ImageAPI`` (set up as a worker sets it
+    up, in this process, torch's thread count as the worker has it) decoding, predicting and encoding
+    the same JSON bodies in batches of 1 and of ``batch_size``; the median over repeats. Their ratio
+    is what batching can give at most on this machine: the served ratio is bounded by it."""
+    from vitpipe.tasks.serving.api import ImageAPI
+
+    api = ImageAPI(ckpt_path=str(ckpt), paths={"log_dir": str(ckpt.parent), "data_dir": str(ckpt.parent)},
+                   max_batch_size=cfg.batch_size)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        api.setup(cfg.device)
+    requests = [json.loads(b) for b in bodies]
+
+    def serve_all(size: int) -> float:
+        start = time.perf_counter()
+        for i in range(0, len(requests), size):
+            decoded = [api.decode_request(r) for r in requests[i:i + size]]
+            out = api.predict(api.batch(decoded) if size > 1 else decoded[0])
+            for answer in (api.unbatch(out) if size > 1 else [out]):
+                api.encode_response(answer)
+        return time.perf_counter() - start
+
+    out = {}
+    for size in (1, cfg.batch_size):
+        serve_all(size)  # warm-up
+        wall = float(np.median([serve_all(size) for _ in range(cfg.repeats)]))
+        out[f"batch_{size}"] = {"req_s": len(requests) / wall, "ms_per_request": 1e3 * wall / len(requests)}
+    return out
+
+
 def compare_serve(cfg: BenchConfig) -> dict:
     """scripts/serve.py under a bounded load on loopback: ``serve_requests`` requests per contender from
     ``serve_clients`` client threads, dynamic batching (``max_batch_size=batch_size``) against
@@ -710,17 +741,24 @@ def compare_serve(cfg: BenchConfig) -> dict:
             for server in servers.values():
                 server.stop()
         offline = predict_throughput(cfg, ckpt, files, tmp / "predict")
+        in_process = api_throughput(cfg, ckpt, bodies)
     load = {name: {**load_summary(r), "max_batch_size": settings[name], "memory": memory[name]}
             for name, r in runs.items()}
     contenders = {name: {"serve": {"step_s": 1 / s["req_s"] if s["req_s"] > 0 else float("inf"), "img_s": s["req_s"]}}
                   for name, s in load.items()}
     contenders["predict_py"] = {"predict": {"step_s": offline["step_s"], "img_s": offline["img_s"]}}
+    ib, iu = in_process[f"batch_{cfg.batch_size}"], in_process["batch_1"]
+    for name, figures in (("api_batched", ib), ("api_unbatched", iu)):  # the model code, no HTTP
+        contenders[name] = {"serve": {"step_s": 1 / figures["req_s"], "img_s": figures["req_s"]}}
     b, u = load["served_batched"], load["served_unbatched"]
     ratios = {"req/s batched/unbatched": b["req_s"] / u["req_s"],
+              "req/s batched/unbatched without HTTP (the bound)": ib["req_s"] / iu["req_s"],
+              "req/s served/without HTTP, batched": b["req_s"] / ib["req_s"],
+              "req/s served/without HTTP, unbatched": u["req_s"] / iu["req_s"],
               "p50 latency batched/unbatched": b["p50_ms"] / u["p50_ms"],
               "p99 latency batched/unbatched": b["p99_ms"] / u["p99_ms"],
               "req/s served batched/predict.py img/s": b["req_s"] / offline["img_s"]}
-    return {"contenders": contenders, "ratios": ratios, "serve": load, "predict": offline,
+    return {"contenders": contenders, "ratios": ratios, "serve": load, "predict": offline, "in_process": in_process,
             "clients": cfg.serve_clients, "failed": sum(s["failed"] for s in load.values())}
 
 
