@@ -194,6 +194,38 @@ def test_tuned_thresholds_maximise_val_f1_and_are_what_predict_applies(trained, 
         assert row["labels"] == expected, row["path"]
 
 
+def test_eval_after_tuning_reports_the_test_split_at_the_tuned_thresholds(trained, capfd):
+    """eval split=test with a thresholds.json of this checkpoint: predictions.csv's predicted column, the
+    *_tuned metrics and the per-class F1 table are at those thresholds (sklearn on the written scores);
+    the logged test/f1_* stay at module.threshold."""
+    if not (trained["ckpt"].parent / "thresholds.json").is_file():
+        evaluate(trained, "tune_first", "split=val", "tune_thresholds=true")
+    record = json.loads((trained["ckpt"].parent / "thresholds.json").read_text())
+    names = class_names(trained)
+    t = np.array([record["thresholds"][n] for n in names])
+    capfd.readouterr()
+    metrics, out = evaluate(trained, "eval_tuned")
+    assert "per-class thresholds from" in capfd.readouterr().err
+    _, scores, target = read_multilabel_predictions(out / "predictions.csv")
+    pred = (scores >= t).astype(int)
+    kw = dict(zero_division=0)
+    assert metrics["test/f1_macro_tuned"] == pytest.approx(f1_score(target, pred, average="macro", **kw), abs=1e-9)
+    assert metrics["test/f1_micro_tuned"] == pytest.approx(f1_score(target, pred, average="micro", **kw), abs=1e-9)
+    assert metrics["test/f1_example_tuned"] == pytest.approx(f1_score(target, pred, average="samples", **kw), abs=1e-9)
+    at_default = (scores >= THRESHOLD).astype(int)
+    assert metrics["test/f1_macro"] == pytest.approx(f1_score(target, at_default, average="macro", **kw), abs=1e-6)
+    assert (pred != at_default).any()  # the tuned thresholds change some decisions: the two are told apart
+    with (out / "predictions.csv").open(newline="") as f:
+        written = [set(r["predicted"].split(";")) - {""} for r in csv.DictReader(f)]
+    assert written == [{n for n, v in zip(names, row) if v} for row in pred]
+    with (out / "report" / "per_class.csv").open() as f:
+        table = {r["class"]: r for r in csv.DictReader(f)}
+    f1 = f1_score(target, pred, average=None, **kw)
+    for c, name in enumerate(names):
+        assert float(table[name]["f1"]) == pytest.approx(f1[c], abs=1e-5), name
+    assert "per-class thresholds (thresholds.json)" in (out / "report" / "report.md").read_text()
+
+
 def test_thresholds_of_another_checkpoint_are_not_applied(trained, tmp_path, capfd):
     import shutil
 

@@ -31,6 +31,8 @@ class ReportCallback(TestPredictions):
         super().__init__()
         self.dirpath, self.split, self.title = dirpath, split, title
         self.figures: dict[str, Path] = {}
+        # multi-label: (C,) per-class thresholds to report at (thresholds.json) and where they came from
+        self.thresholds, self.threshold_source = None, None
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.result is None or not trainer.is_global_zero:
@@ -44,9 +46,12 @@ class ReportCallback(TestPredictions):
                    if k.startswith("test/") and v.numel() == 1}
         if isinstance(self.result, MultilabelPredictions):  # scores per class: the per-class AP report
             c = self.result.scores.shape[1]
+            if self.thresholds is not None:  # the "predicted" column and the report at the tuned thresholds
+                self.result.threshold = self.thresholds
             self.result.write(run_dir / PREDICTIONS_FILE, list(names) if names else [str(i) for i in range(c)])
             self.figures = write_multilabel_report(
-                run_dir, threshold=self.result.threshold, split=self.split,
+                run_dir, threshold=np.asarray(self.result.threshold, dtype=np.float64), split=self.split,
+                threshold_source=self.threshold_source,
                 metrics={k: v for k, v in metrics.items() if "/ap/" not in k},
                 image=(lambda i: sample_image(ds, i)) if ds is not None else None)
             log_figures(trainer, self.figures)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
 from omegaconf import DictConfig
 
@@ -161,6 +162,9 @@ def evaluate_with_report(cfg: DictConfig, trainer: L.Trainer, module: L.Lightnin
         temperature = fit_temperature(val.logits, val.target)
         if report is not None:
             report.title = f"temperature T = {temperature:.3f} (fitted on the validation split, NLL)"
+    tuned = None
+    if report is not None and not opts.tune_thresholds and is_multilabel(_stored_config(checkpoint, ckpt_path)):
+        tuned = _tuned_thresholds(report, datamodule, net, ckpt_path, checkpoint)
     if opts.split == "test":
         _require_test_split(datamodule)
     with _as_test_split(datamodule, opts.split), at_test_time(net, tta=opts.tta, temperature=temperature):
@@ -171,6 +175,8 @@ def evaluate_with_report(cfg: DictConfig, trainer: L.Trainer, module: L.Lightnin
     if isinstance(result, MultilabelPredictions):
         if opts.tune_thresholds:
             metrics |= _tune_thresholds(result, datamodule, ckpt_path, checkpoint, opts.split)
+        elif tuned is not None:
+            metrics |= tuned_metrics(result, tuned)
         result = None  # no softmax: no NLL, no temperature
     if result is not None:
         metrics["test/nll"] = nll(result.logits, result.target)
@@ -209,6 +215,49 @@ def _tune_thresholds(result: MultilabelPredictions, datamodule, ckpt_path: Path,
     write_thresholds(ckpt_path.parent, names, thresholds, f1, identity=checkpoint_identity(ckpt_path, checkpoint),
                      fitted_on=split)
     return {"test/f1_macro_tuned": float(f1.mean())}
+
+
+def _stored_config(checkpoint: dict | None, ckpt_path: Path) -> dict | None:
+    if checkpoint is None:
+        from vitpipe.run.checkpoint import load_checkpoint
+
+        checkpoint = load_checkpoint(ckpt_path)
+    return checkpoint.get("vitpipe_config")
+
+
+def _tuned_thresholds(report, datamodule, net, ckpt_path: Path, checkpoint: dict | None):
+    """The per-class thresholds of a thresholds.json fitted on this checkpoint (None without one): the
+    report and predictions.csv's ``predicted`` column then use them, as predict does (a note says so)."""
+    import sys
+
+    from vitpipe.report.multilabel import find_thresholds
+    from vitpipe.run.checkpoint import load_checkpoint
+    from vitpipe.tasks.predict import label_names
+
+    checkpoint = checkpoint if checkpoint is not None else load_checkpoint(ckpt_path)
+    names = label_names(checkpoint.get("class_names") or getattr(datamodule, "class_names", None), int(net.num_classes))
+    thresholds, note = find_thresholds(ckpt_path, checkpoint, names)
+    if note:
+        print(f"vitpipe eval: note: {note}", file=sys.stderr)
+    if thresholds is None:
+        return None
+    report.thresholds, report.threshold_source = thresholds, "thresholds.json"
+    return thresholds
+
+
+def tuned_metrics(result: MultilabelPredictions, thresholds) -> dict[str, float]:
+    """F1 (macro, micro), precision and recall (macro) and example-based F1 of ``score >= t`` at per-class
+    thresholds ``t`` (C,), as ``test/<metric>_tuned`` (sklearn, zero_division=0)."""
+    from sklearn.metrics import f1_score, precision_score, recall_score
+
+    target = result.target.numpy()
+    pred = (result.scores.numpy() >= np.asarray(thresholds, dtype=np.float64)).astype(np.int64)
+    kw = dict(zero_division=0)
+    return {"test/f1_macro_tuned": float(f1_score(target, pred, average="macro", **kw)),
+            "test/f1_micro_tuned": float(f1_score(target, pred, average="micro", **kw)),
+            "test/precision_macro_tuned": float(precision_score(target, pred, average="macro", **kw)),
+            "test/recall_macro_tuned": float(recall_score(target, pred, average="macro", **kw)),
+            "test/f1_example_tuned": float(f1_score(target, pred, average="samples", **kw))}
 
 
 def _require_test_split(datamodule) -> None:

@@ -200,14 +200,15 @@ def _image_or_none(image, index: int) -> np.ndarray | None:
 
 def write_multilabel_report(run_dir: Path, *, threshold, metrics: dict[str, float] | None = None,
                             split: str = "test", image=None, num_errors: int = NUM_LABEL_ERRORS,
-                            pr_classes: int = PR_CLASSES) -> dict[str, Path]:
+                            pr_classes: int = PR_CLASSES, threshold_source: str | None = None) -> dict[str, Path]:
     """``<run_dir>/report/`` from ``<run_dir>/predictions.csv`` alone: report.md, per_class.csv and
     co_occurrence.csv, pr_curves.png, co_occurrence.png and, when ``image`` (index -> uint8 (H, W[, 3])
     or None) gives the images, label_errors.png. report.md shows mAP (macro, micro) recomputed, the logged
     metrics beside them, a per-class AP / F1 table (lowest AP first) and the figures.
 
     threshold: a float, or (C,) per-class thresholds, at which F1, the operating points and the predicted
-    co-occurrence are taken. Returns {figure name: PNG path}."""
+    co-occurrence are taken; threshold_source: where per-class ones came from (shown in report.md).
+    Returns {figure name: PNG path}."""
     from sklearn.metrics import average_precision_score
 
     from vitpipe.report.figures import co_occurrence_figure, label_errors_figure, pr_figure, save_figure
@@ -230,7 +231,8 @@ def write_multilabel_report(run_dir: Path, *, threshold, metrics: dict[str, floa
     true_co, pred_co = co_occurrence(target), co_occurrence(pred)
     atomic_write_text(out / "co_occurrence.csv", co_occurrence_csv(true_co, pred_co, names))
 
-    at = "per-class thresholds" if per_class else f"sigmoid >= {float(t[0]) if len(t) else 0.5:g}"
+    at = ("per-class thresholds" + (f" ({threshold_source})" if threshold_source else "") if per_class
+          else f"sigmoid >= {float(t[0]) if len(t) else 0.5:g}")
     figures = {"pr_curves": pr_figure(pr_curves(scores, target, t, names, pr_classes), at=at),
                "co_occurrence": co_occurrence_figure(true_co, pred_co, names, at=at)}
     false_pos, missed = confident_label_errors(scores, target, num_errors)
