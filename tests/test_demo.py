@@ -1,8 +1,10 @@
 """scripts/demo.py: the Gradio page gives predict.py's labels and probabilities, with its attention overlay.
 
-The browser test runs the real command (``python scripts/demo.py ckpt_path=... port=<free>``) in a
-subprocess on 127.0.0.1, uploads a test image in headless Chromium and reads the page's answer; it is
-skipped, with the reason, only where chromium / chromedriver are not installed.
+The browser tests share one run of the real command (``python scripts/demo.py ckpt_path=... port=<free>``)
+in a subprocess on 127.0.0.1 and one headless Chromium: upload a test image and read the page's answer,
+switch the attention-map radio and compare the overlay PNG the page displays with ``show``'s, click
+gallery examples and compare with predict.py on those files. They are skipped, with the reason, only
+where chromium / chromedriver are not installed.
 """
 
 from __future__ import annotations
@@ -231,17 +233,24 @@ def served(ckpts, tmp_path_factory):
     browser_page.stop_demo(proc)
 
 
-@pytest.mark.skipif(browser_page.chromium() is None, reason="chromium and chromedriver are not installed "
-                    "(Debian: apt-get install chromium chromium-driver)")
-def test_browser_upload_shows_predict_pys_label_and_probability(served, images, tmp_path):
+@pytest.fixture(scope="module")
+def driver():
+    """One headless Chromium for the module's browser tests (each opens the page afresh)."""
+    driver = browser_page.browser()
+    yield driver
+    driver.quit()
+
+
+needs_browser = pytest.mark.skipif(browser_page.chromium() is None, reason="chromium and chromedriver are not "
+                                   "installed (Debian: apt-get install chromium chromium-driver)")
+
+
+@needs_browser
+def test_browser_upload_shows_predict_pys_label_and_probability(served, driver, images, tmp_path):
     ckpt, url, work = served
     image = sorted(images.glob("*.png"))[0]
     expected = predict_json(tmp_path, ckpt, image, "topk=5")[image.name]
-    driver = browser_page.browser()
-    try:
-        answer = browser_page.upload(driver, url, image, timeout=60)
-    finally:
-        driver.quit()
+    answer = browser_page.upload(driver, url, image, timeout=60)
     assert answer.label == expected["label"]
     shown = float(answer.percent.rstrip("%"))
     assert abs(shown - 100 * expected["prob"]) <= 0.5 + 1e-6  # gr.Label rounds to whole percent
@@ -249,6 +258,50 @@ def test_browser_upload_shows_predict_pys_label_and_probability(served, images, 
     assert answer.overlay_size == answer.input_size == (256, 256)  # 8x8 digits x 32, beside each other
     examples = list((work / "logs" / "demo" / "runs").glob("*/examples/*.png"))
     assert len(examples) == 8  # the test split's examples, written under the run's output folder
+
+
+def mean_abs(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).mean())
+
+
+@needs_browser
+def test_browser_radio_switches_the_overlay_to_gradient_rollout_and_back(served, driver, images, tmp_path):
+    ckpt, url, _ = served
+    image = sorted(images.glob("*.png"))[0]
+    cfg = demo_cfg(tmp_path, ckpt)  # the server's options: the config's defaults
+    model = demo_task.load_model(cfg)
+    style = {k: cfg[k] for k in ("topk", "head_fusion", "discard_ratio", "alpha", "cmap", "display_size")}
+    want = {m: demo_task.show(model, image, m, **style).overlay for m in demo_task.METHODS}
+    assert mean_abs(want["rollout"], want["gradient"]) > 5  # the two overlays are told apart by far more than 1
+    shown = [browser_page.upload(driver, url, image, timeout=60)]  # the config's method=rollout first
+    for method in ("gradient", "rollout"):
+        shown.append(browser_page.choose_method(driver, method, shown[-1], timeout=60))
+    for answer, method in zip(shown, ("rollout", "gradient", "rollout")):
+        got = browser_page.shown_image(driver, answer.overlay_src)  # the PNG the page displays, fetched by it
+        assert got.shape == want[method].shape == (256, 256, 3)
+        diff = {m: mean_abs(got, w) for m, w in want.items()}
+        assert diff[method] <= 0.5 and min(diff, key=diff.get) == method, (method, diff)
+        assert answer.probs == shown[0].probs  # the labels do not depend on the map
+
+
+@needs_browser
+def test_browser_example_click_shows_predict_pys_labels_and_probabilities(served, driver, tmp_path):
+    ckpt, url, work = served
+    (folder,) = {p.parent for p in (work / "logs" / "demo" / "runs").glob("*/examples/*.png")}
+    expected = {name: row_topk(row) for name, row in predict_json(tmp_path, ckpt, folder, "topk=5").items()}
+    names = sorted(expected)
+    first = names[1]  # not the first thumbnail: the click must pick the file clicked
+    second = next(n for n in names[2:] if [k for k, _ in expected[n]] != [k for k, _ in expected[first]])
+    browser_page.open_page(driver, url, timeout=60)
+    answer = None
+    for name in (first, second):
+        answer = browser_page.click_example(driver, name, timeout=60, after=answer)
+        want = expected[name]
+        assert answer.label == want[0][0], name
+        assert [n for n, _ in answer.probs] == [n for n, _ in answer.rows] == [n for n, _ in want], name
+        np.testing.assert_allclose([p for _, p in answer.probs], [p for _, p in want], atol=1e-6, rtol=0)
+        for (_, percent), (_, p) in zip(answer.rows, want):
+            assert abs(float(percent.rstrip("%")) - 100 * p) <= 0.5 + 1e-6  # gr.Label's whole percent
 
 
 @pytest.mark.slow

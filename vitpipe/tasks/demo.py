@@ -363,7 +363,8 @@ def build_page(model: DemoModel, cfg: DictConfig, examples: list[Path]):
                     method = gr.Radio([(METHOD_TITLES[m], m) for m in methods], label="attention map",
                                       value=cfg.method if cfg.method in methods else "rollout", elem_id="method")
                 if examples:
-                    gr.Examples([[str(p)] for p in examples], inputs=image, label="test split examples")
+                    gr.Examples([[str(p)] for p in examples], inputs=image, label="test split examples",
+                                elem_id="examples")
             with gr.Column(scale=2):
                 if model.captioner:
                     _caption_panels(gr, model, image, style)

@@ -1,10 +1,11 @@
-"""The demo page in a real browser: start ``scripts/demo.py``, upload an image in headless Chromium,
-read the page's answer, and (as a command) save a screenshot of it.
+"""The demo page in a real browser: start ``scripts/demo.py``, upload an image in headless Chromium (or
+click a gallery example, or switch the attention map), read the page's answer and fetch the images it
+shows, and (as a command) save a screenshot of it.
 
     python -m vitpipe.tasks.demo_screenshot --ckpt <ckpt | run dir | last> [--image <file> | --example N] \
         --out docs/img/demo.png
 
-The same functions drive tests/test_demo.py's browser test, so the picture and the test cannot drift.
+The same functions drive tests/test_demo.py's browser tests, so the picture and the test cannot drift.
 Needs Chromium and its driver (Debian: ``apt-get install chromium chromium-driver``) and selenium
 (the dev extra). The server is a subprocess of this one on 127.0.0.1 and a free port, stopped by its
 PID; every wait is bounded in time.
@@ -20,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "demo.py"
@@ -108,31 +109,98 @@ class PageAnswer:
     rows: list[tuple[str, str]]  # every shown (label, percent), most probable first
     overlay_size: tuple[int, int]  # (width, height) of the overlay image the page received
     input_size: tuple[int, int]  # (width, height) of the model-input image
+    probs: list[tuple[str, float]] = field(default_factory=list)  # (label, the value its bar was drawn from)
+    overlay_src: str = ""  # the URL (or data URL) of the overlay image shown
+    input_src: str = ""  # of the model-input image
 
 
-def upload(driver, url: str, image: Path, *, timeout: float = 60.0) -> PageAnswer:
-    """Open the page, give the file input ``image``, and wait (bounded) until the label and both images show."""
+def open_page(driver, url: str, *, timeout: float = 60.0):
+    """Load the page and wait (bounded) for its image input; returns that file input element."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     driver.get(url)
-    wait = WebDriverWait(driver, timeout, poll_frequency=0.25)
-    field = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#image input[type=file]"))
-    field.send_keys(str(Path(image).resolve()))
+    return WebDriverWait(driver, timeout, poll_frequency=0.25).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, "#image input[type=file]"))
+
+
+def upload(driver, url: str, image: Path, *, timeout: float = 60.0) -> PageAnswer:
+    """Open the page, give the file input ``image``, and wait (bounded) until the label and both images show."""
+    open_page(driver, url, timeout=timeout).send_keys(str(Path(image).resolve()))
+    return wait_answer(driver, timeout=timeout)
+
+
+def wait_answer(driver, *, timeout: float = 60.0, after: PageAnswer | None = None) -> PageAnswer:
+    """The page's answer once the label and both images show; given ``after`` (an earlier answer), once an
+    image differs from that answer's too (the page has answered the next event). Bounded by ``timeout``."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     def answered(d):
         heads = d.find_elements(By.CSS_SELECTOR, "#topk [data-testid=label-output-value]")
         imgs = [d.find_elements(By.CSS_SELECTOR, f"#{i} img") for i in ("overlay", "model-input")]
         if not heads or not heads[0].text.strip() or not all(imgs):
             return False
-        sizes = [d.execute_script("return [arguments[0].naturalWidth, arguments[0].naturalHeight]", i[0]) for i in imgs]
-        return (heads[0].text.strip(), sizes) if all(w > 0 for w, _ in sizes) else False
+        shown = [d.execute_script("const i = arguments[0]; return [i.naturalWidth, i.naturalHeight, i.src]", i[0])
+                 for i in imgs]
+        if after is not None and [s for _, _, s in shown] == [after.overlay_src, after.input_src]:
+            return False
+        return (heads[0].text.strip(), shown) if all(w > 0 for w, _, _ in shown) else False
 
-    label, (overlay_size, input_size) = wait.until(answered)
-    rows = [(r.find_element(By.CSS_SELECTOR, "dt").text.strip(), r.find_element(By.CSS_SELECTOR, "dd").text.strip())
-            for r in driver.find_elements(By.CSS_SELECTOR, "#topk .confidence-set")]
-    return PageAnswer(label=label, percent=rows[0][1] if rows else "", rows=rows,
-                      overlay_size=tuple(overlay_size), input_size=tuple(input_size))
+    label, ((ow, oh, overlay_src), (iw, ih, input_src)) = WebDriverWait(driver, timeout, poll_frequency=0.25).until(
+        answered, message=f"no {'new ' if after else ''}answer on the page within {timeout:.0f} s")
+    rows, probs = [], []
+    for r in driver.find_elements(By.CSS_SELECTOR, "#topk .confidence-set"):
+        name = r.find_element(By.CSS_SELECTOR, "dt").text.strip()
+        rows.append((name, r.find_element(By.CSS_SELECTOR, "dd").text.strip()))
+        probs.append((name, float(r.find_element(By.CSS_SELECTOR, "meter").get_attribute("value"))))
+    return PageAnswer(label=label, percent=rows[0][1] if rows else "", rows=rows, overlay_size=(ow, oh),
+                      input_size=(iw, ih), probs=probs, overlay_src=overlay_src, input_src=input_src)
+
+
+def choose_method(driver, method: str, shown: PageAnswer, *, timeout: float = 60.0) -> PageAnswer:
+    """Click the attention-map radio button ``method`` ("rollout" | "gradient") and wait (bounded) for the
+    overlay the page draws for it, replacing the one in ``shown``."""
+    from selenium.webdriver.common.by import By
+
+    driver.find_element(By.CSS_SELECTOR, f'#method input[type=radio][value="{method}"]').click()
+    return wait_answer(driver, timeout=timeout, after=shown)
+
+
+def click_example(driver, name: str, *, timeout: float = 60.0, after: PageAnswer | None = None) -> PageAnswer:
+    """Click the thumbnail of the example file ``name`` (e.g. ``00001_6.png``) in the page's examples
+    gallery and wait (bounded) for the page's answer (a new one, given the previous answer ``after``)."""
+    from selenium.webdriver.common.by import By
+
+    names = {}  # the file name at the end of each thumbnail's URL -> its button
+    for item in driver.find_elements(By.CSS_SELECTOR, "#examples .gallery-item"):
+        for img in item.find_elements(By.CSS_SELECTOR, "img")[:1]:
+            names[img.get_attribute("src").rsplit("/", 1)[-1]] = item
+    if name not in names:
+        raise RuntimeError(f"no example {name!r} on the page; it shows {sorted(names)}")
+    names[name].click()
+    return wait_answer(driver, timeout=timeout, after=after)
+
+
+FETCH = """const [src, done] = arguments;
+fetch(src).then(r => r.ok ? r.blob() : Promise.reject(r.status)).then(b => {
+  const f = new FileReader(); f.onload = () => done(f.result); f.readAsDataURL(b); }).catch(e => done('error: ' + e));"""
+
+
+def shown_image(driver, src: str, *, timeout: float = 30.0):
+    """The image at ``src`` (an <img>'s URL or data URL on the page) as the browser fetches it: (H, W, 3) uint8."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    driver.set_script_timeout(timeout)
+    data = driver.execute_async_script(FETCH, src)
+    if not data.startswith("data:"):
+        raise RuntimeError(f"cannot fetch {src[:200]} in the page: {data}")
+    with Image.open(io.BytesIO(base64.b64decode(data.split(",", 1)[1]))) as image:
+        return np.asarray(image.convert("RGB"))
 
 
 PAGE_SIZE = """const app = document.querySelector('gradio-app') || document.body;
