@@ -85,9 +85,10 @@ def check_naflex_module(cfg: DictConfig) -> None:
 
 
 def check_multilabel(cfg: DictConfig) -> None:
-    """``module.task=multilabel`` trains on label sets, which only an image folder with a labels file gives
-    (``data.labels=<file>.csv``), and neither with a distillation teacher (its softmax targets), the
-    class-balanced sampler (one class per image) nor NaFlex; a labels file needs ``module.task=multilabel``."""
+    """``module.task=multilabel`` trains on label sets, which an image folder with a labels file gives
+    (``data.labels=<file>.csv``) and shards written from one (their index says so), and neither with a
+    distillation teacher (its softmax targets), the class-balanced sampler (one class per image) nor NaFlex;
+    a labels file or multi-label shards need ``module.task=multilabel``."""
     data, module = cfg.get("data"), cfg.get("module")
     if not isinstance(data, DictConfig) or not isinstance(module, DictConfig):
         return
@@ -97,9 +98,11 @@ def check_multilabel(cfg: DictConfig) -> None:
     multilabel = module.get("task", "multiclass") == "multilabel"
     if labels_file and classifier and not multilabel:
         raise ConfigError(f"data.labels={labels} gives each image a set of labels; set module.task=multilabel")
+    shards = str(data.get("_target_", "")).endswith("ShardsDataModule")
+    label_sets = labels_file or (shards and classifier and _check_shards_task(data, multilabel))
     if not multilabel:
         return
-    if not labels_file:
+    if not label_sets:
         name = str(data.get("_target_", "?")).rsplit(".", 1)[-1]
         raise ConfigError(f"module.task=multilabel needs label sets: data=imagefolder data.labels=<labels file>.csv "
                           f"(vitpipe/data/multilabel.py); {name} with data.labels={labels} gives one class per image")
@@ -111,6 +114,36 @@ def check_multilabel(cfg: DictConfig) -> None:
             default = {"module.distill.teacher": "null", "data.sampler": "default"}.get(key, "false")
             raise ConfigError(f"module.task=multilabel cannot take {key}={OmegaConf.select(cfg, key)} "
                               f"(it needs one class per image); set {key}={default}")
+
+
+def _check_shards_task(data: DictConfig, multilabel: bool) -> bool:
+    """Whether ``data=shards`` holds label sets (its index, one small file), refusing a task that does not
+    match them. A root that cannot be read is left to the data module's own error, except under
+    ``module.task=multilabel``, where it says what the task needs."""
+    from vitpipe.data.shards import _plain, is_multilabel_index, read_index
+
+    need = ("module.task=multilabel needs label sets: data=imagefolder data.labels=<labels file>.csv, or data=shards "
+            "written from one by scripts/make_shards.py")
+    if OmegaConf.is_missing(data, "root") or data.get("root") is None:
+        if multilabel:
+            raise ConfigError(f"{need}; set data.root to such shards")
+        return False
+    root, cache_dir = str(data.root), data.get("cache_dir")
+    try:
+        index = read_index(root, None if cache_dir is None else str(cache_dir), _plain(data.get("storage_options")))
+    except ConfigError as err:
+        if multilabel:
+            raise ConfigError(f"{need}; {err}") from None
+        return False
+    found = is_multilabel_index(index)
+    if multilabel and not found:
+        raise ConfigError(f"{need}; data.root={root} holds single-label shards (one class per image): set "
+                          "module.task=multiclass, or write multi-label shards with scripts/make_shards.py "
+                          "data=imagefolder data.labels=<labels file>.csv out=DIR")
+    if found and not multilabel:
+        raise ConfigError(f"data.root={root} holds multi-label shards (a set of labels per image); "
+                          "set module.task=multilabel")
+    return found
 
 
 def check_device(cfg: DictConfig) -> None:

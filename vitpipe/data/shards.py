@@ -9,6 +9,12 @@ Hence the guarantees of every other vitpipe data set: each training image once p
 padded from the head of the order to equal counts), each val/test image scored exactly once, exact
 mid-epoch resume (``ResumeState``). Decoding and augmentation run in the loader workers (the
 standard torchvision path; ``vitpipe.data.transforms``).
+
+Multi-label shards (written from ``data=imagefolder data.labels=<file>.csv``; index ``format`` 2,
+``task: multilabel``) give ``(image, multi-hot float32 (C,))`` as the image folder does, for
+``module.task=multilabel``; each split's label sets are also kept apart from the images
+(``<split>/vitpipe_labels.npz``), so ``multilabel_targets`` and ``pos_weight=balanced`` read no image.
+Single-label shards stay format 1, byte for byte what earlier releases wrote and read.
 """
 
 from __future__ import annotations
@@ -19,11 +25,14 @@ import json
 import os
 import tempfile
 
+import numpy as np
 import torch
+from torch import Tensor
 from torch.utils.data import Dataset
 
 from vitpipe.data.base import ClassificationDataModule, DatasetInfo
 from vitpipe.data.images import open_image
+from vitpipe.data.multilabel import MultiLabelSubset
 from vitpipe.data.object_store import check_s3, is_s3
 from vitpipe.data.sampler import ShardedSampler
 from vitpipe.errors import ConfigError
@@ -31,8 +40,15 @@ from vitpipe.errors import ConfigError
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata asks PyPI per process otherwise (offline)
 
 INDEX_FILE = "vitpipe_shards.json"  # beside the split folders: what make_shards wrote
+# "format": the oldest reader that reads the shards. 1: one class per image (items hold "label": int).
+# 2: adds "task"; "multilabel" items hold "labels" (the class indices of the image's set, a 1-D array),
+# each split "positive_counts" and "unlabeled" in place of "class_counts" and its folder LABELS_FILE.
+# A reader before format 2 refuses multi-label shards in one line instead of failing on a missing "label".
 FORMAT_VERSION = 1
+MULTILABEL_FORMAT = 2
+FORMATS = (FORMAT_VERSION, MULTILABEL_FORMAT)
 INDEX_KEYS = ("format", "class_names", "num_classes", "channels", "native_size", "mean", "std", "splits")
+LABELS_FILE = "vitpipe_labels.npz"  # in a multi-label split's folder: its label sets in item order (CSR)
 
 
 def is_url(root: str) -> bool:
@@ -70,31 +86,72 @@ def read_index(root: str, cache_dir: str | None = None, storage_options: dict | 
     except Exception as err:  # a URL: the storage client's own error types
         raise ConfigError(f"data.root={root}: cannot read {where} ({type(err).__name__}: {err})") from None
     missing = [k for k in INDEX_KEYS if not isinstance(index, dict) or k not in index]
-    if missing or index["format"] != FORMAT_VERSION or "train" not in index["splits"]:
+    task = index.get("task", "multiclass") if not missing else None
+    if (missing or index["format"] not in FORMATS or "train" not in index["splits"]
+            or (task == "multilabel") != (index["format"] == MULTILABEL_FORMAT)):  # fmt: skip
         what = f"missing {', '.join(missing)}" if missing else "another format or no train split"
         raise ConfigError(f"data.root={root}: {where} is not a vitpipe shard index ({what}){hint}")
     return index
 
 
+def is_multilabel_index(index: dict) -> bool:
+    """Whether a shard index (``read_index``) is of multi-label shards (items hold label sets)."""
+    return index.get("task", "multiclass") == "multilabel"
+
+
+def write_label_sets(path: str, label_sets: list) -> None:
+    """Label sets (one 1-D array of class indices per item, in item order) -> ``path`` as CSR
+    (``offsets`` (N + 1,) int64, ``classes`` the indices concatenated, in the items' dtype), via a temp
+    file + rename."""
+    offsets = np.cumsum([0, *(len(s) for s in label_sets)]).astype(np.int64)
+    classes = np.concatenate(label_sets) if label_sets else np.zeros(0, np.uint16)
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, offsets=offsets, classes=classes)
+    os.replace(tmp, path)
+
+
+def read_label_sets(path: str, num_classes: int) -> Tensor:
+    """(N, C) float32 multi-hot targets from a ``write_label_sets`` file."""
+    with np.load(path, allow_pickle=False) as f:
+        offsets, classes = f["offsets"], f["classes"]
+    rows = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    out = torch.zeros(len(offsets) - 1, num_classes)
+    out[torch.as_tensor(rows, dtype=torch.long), torch.as_tensor(classes.astype(np.int64))] = 1.0
+    return out
+
+
+def multi_hot(labels, num_classes: int) -> Tensor:
+    """A stored item's class indices -> (C,) float32 multi-hot."""
+    out = torch.zeros(num_classes)
+    out[torch.as_tensor(np.asarray(labels, dtype=np.int64))] = 1.0
+    return out
+
+
 class ShardSplit(Dataset):
-    """One split's shards as a map-style data set of ``(PIL image, label)``.
+    """One split's shards as a map-style data set of ``(PIL image, label)``; with ``num_classes`` (multi-label
+    shards) of ``(PIL image, multi-hot float32 (C,))``, and ``targets`` the (N, C) matrix in item order, read
+    from the split's labels file without reading an image.
 
     The LitData StreamingDataset opens lazily, in the process that reads (each loader worker).
     """
 
     def __init__(self, url: str, count: int, *, mode: str, cache_dir: str | None = None,
-                 storage_options: dict | None = None) -> None:
+                 storage_options: dict | None = None, num_classes: int | None = None) -> None:
         import litdata  # noqa: F401  (here, in the parent: forked loader workers then skip a ~1 s import each)
 
         self.url, self.count, self.mode, self.cache_dir = url, count, mode, cache_dir
         self.storage_options = dict(storage_options or {})
+        self.num_classes = num_classes  # None: single-label items
         self._stream = None
+        self._targets: Tensor | None = None
 
     def __len__(self) -> int:
         return self.count
 
     def item(self, i: int) -> dict:
-        """The stored item: ``{"image": bytes, "label": int, "source_index": int}``."""
+        """The stored item: ``{"image": bytes, "label": int, "source_index": int}`` (multi-label:
+        ``"labels"``, the class indices of the image's set, in place of ``"label"``)."""
         if self._stream is None:
             from litdata import StreamingDataset
 
@@ -104,10 +161,31 @@ class ShardSplit(Dataset):
 
     def __getitem__(self, i: int):
         item = self.item(i)
-        return open_image(io.BytesIO(item["image"]), self.mode), int(item["label"])
+        image = open_image(io.BytesIO(item["image"]), self.mode)
+        if self.num_classes is None:
+            return image, int(item["label"])
+        return image, multi_hot(item["labels"], self.num_classes)
+
+    @property
+    def targets(self) -> Tensor:
+        """(N, C) float32 multi-hot targets in item order (multi-label shards only; AttributeError otherwise,
+        so ``getattr(split, "targets", None)`` is None for single-label shards, whose labels are in the items)."""
+        if self.num_classes is None:
+            raise AttributeError("single-label shards keep their labels in the items only")
+        if self._targets is None:
+            local = _fetch(self.url, LABELS_FILE, self.cache_dir, self.storage_options)
+            try:
+                self._targets = read_label_sets(local, self.num_classes)
+            except (OSError, ValueError, KeyError) as err:
+                raise ConfigError(f"cannot read {self.url}/{LABELS_FILE} ({type(err).__name__}: {err}); an "
+                                  "incomplete copy of the shards? write them again with scripts/make_shards.py") from None
+            if len(self._targets) != self.count:
+                raise ConfigError(f"{self.url}/{LABELS_FILE} holds {len(self._targets)} label sets for {self.count} "
+                                  "images; write the shards again with scripts/make_shards.py")
+        return self._targets
 
     def __getstate__(self) -> dict:  # workers open their own reader
-        return {**self.__dict__, "_stream": None}
+        return {**self.__dict__, "_stream": None, "_targets": None}
 
 
 def _per_item_decode(streaming_dataset) -> dict:
@@ -166,7 +244,8 @@ class ShardsDataModule(ClassificationDataModule):
     such as ``endpoint_url``, ``verify``, ``aws_access_key_id``; default: the standard AWS variables).
     Not supported here, with a one-line error: ``fast_path`` (the data is streamed, not held) and
     ``sampler=balanced`` (its draws with replacement jump between chunks; balance the classes when
-    writing the shards).
+    writing the shards). Multi-label shards (``multilabel``: from the index) give multi-hot (C,) float32
+    targets, for ``module.task=multilabel``; NaFlex is refused on them as on a multi-label image folder.
     """
 
     has_val_split = True  # make_shards always writes val/
@@ -198,6 +277,10 @@ class ShardsDataModule(ClassificationDataModule):
         num_classes = info.num_classes if num_classes is None else num_classes  # a number given is checked
         super().__init__(info=info, root=str(root).rstrip("/"), num_classes=num_classes, channels=channels,
                          fast_path=False, sampler=sampler, mean=mean, std=std, **kwargs)  # fmt: skip
+        self.multilabel = is_multilabel_index(idx)  # batches carry multi-hot (B, C) float targets
+        if self.multilabel and self.naflex is not None:
+            raise ConfigError(f"data.naflex.enabled=true takes one class per image; data.root={self.root} holds "
+                              "multi-label shards: set data.naflex.enabled=false")
 
     @staticmethod
     def num_classes_of(data) -> int:
@@ -217,8 +300,10 @@ class ShardsDataModule(ClassificationDataModule):
                     raise ConfigError(f"data.root={self.root}: {path} is missing (an incomplete copy of the shards?)")
 
     def class_counts(self, split: str) -> list[int]:
-        """Images per class in a split, from the index (no data read)."""
-        return list(self.index["splits"][split]["class_counts"])
+        """Images per class in a split, from the index (no data read); multi-label shards: the images
+        holding each class (``positive_counts``; images without a label: ``unlabeled``)."""
+        meta = self.index["splits"][split]
+        return list(meta["positive_counts"] if self.multilabel else meta["class_counts"])
 
     def _load(self, split: str) -> ShardSplit | None:
         meta = self.index["splits"].get(split)
@@ -226,7 +311,13 @@ class ShardsDataModule(ClassificationDataModule):
             return None
         cache = None if self.cache_dir is None else os.path.join(self.cache_dir, split)
         return ShardSplit(f"{self.root}/{split}", int(meta["count"]), mode="L" if self.channels == 1 else "RGB",
-                          cache_dir=cache, storage_options=self.storage_options)  # fmt: skip
+                          cache_dir=cache, storage_options=self.storage_options,
+                          num_classes=self.info.num_classes if self.multilabel else None)  # fmt: skip
+
+    def _prepare(self, ds, indices, *, train: bool):
+        if self.multilabel:  # targets kept as (C,) floats (the base class makes labels ints)
+            return MultiLabelSubset(ds, indices, self.transform(train))
+        return super()._prepare(ds, indices, train=train)
 
     def _sampler(self, ds: Dataset, *, train: bool, world: int, rank: int) -> ChunkSampler:
         split = ds.base.url.rsplit("/", 1)[1]

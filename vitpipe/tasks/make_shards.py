@@ -9,9 +9,23 @@ Layout of ``out``::
 Each item is ``{"image": encoded bytes, "label": int, "source_index": int}``: an image file's own
 bytes (a JPEG stays that JPEG: decoding gives the source's pixels), in-memory images as lossless PNG.
 ``source_index`` is the item's index in the source split, so a shard can be traced to its image.
+
 Training items are written in a seeded random order: the reader shuffles within chunks, and chunks
 of one class each (an image folder lists class by class) would give one-class batches. Val/test keep
 the source order (a batch of them equals the source DataModule's batch).
+
+Multi-label sources (``data=imagefolder data.labels=<file>.csv``) give ``{"image", "labels",
+"source_index"}``: ``labels`` holds the class indices of the image's set as a 1-D uint16 array
+(uint32 past 65,536 classes; empty for an image without labels). LitData stores a 1-D array as its
+raw bytes with the dtype once per split (``no_header_numpy``), so a set costs 2 bytes per label
+present, where a multi-hot row would cost C bytes whatever the set. A Python list is no option
+across the supported releases: LitData 0.2.76 stores it as JSON text, 0.2.71 (the floor) flattens it
+into one leaf per element, and there the leaf count must not vary between items. The index
+is then format 2 with ``task: multilabel`` and, per split, ``positive_counts`` (images holding each
+class) and ``unlabeled`` (images without a label) in place of ``class_counts``. Each split's folder
+also holds its label sets in item order (``vitpipe_labels.npz``, written before the folder is
+renamed into place), which ``multilabel_targets`` and ``pos_weight=balanced`` read without reading
+an image. Single-label shards are written exactly as before (format 1).
 
 Re-runnable: a split is written to ``.<split>.partial/`` and renamed when complete, the index is
 written last (atomically); a re-run keeps complete splits and redoes the rest.
@@ -25,13 +39,14 @@ import os
 import shutil
 import tempfile
 
+import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
 from tqdm import tqdm
 
 from vitpipe.data.base import ClassificationDataModule
-from vitpipe.data.shards import FORMAT_VERSION, INDEX_FILE
+from vitpipe.data.shards import FORMAT_VERSION, INDEX_FILE, LABELS_FILE, MULTILABEL_FORMAT, write_label_sets
 from vitpipe.data.splits import split_indices
 from vitpipe.run.files import atomic_write_json
 
@@ -74,7 +89,36 @@ def _item_bytes(ds, i: int) -> tuple[bytes, int]:
     return encode_image(image), int(label)
 
 
-def _complete_count(split_dir: str) -> int | None:
+def _multilabel_item(ds, i: int, dtype) -> tuple[bytes, np.ndarray]:
+    """A multi-label source item: the file's own bytes (or PNG) and its label set as class indices."""
+    samples = getattr(ds, "samples", None)  # MultiLabelImages: [(path, row)]
+    if samples is not None:
+        with open(samples[i][0], "rb") as f:
+            image = f.read()
+        target = _targets(ds)[i]
+    else:
+        image, target = ds[i]
+        image = encode_image(image)
+    return image, np.flatnonzero(np.asarray(target) > 0.5).astype(dtype)
+
+
+def _targets(ds) -> torch.Tensor:
+    """(N, C) multi-hot targets of a multi-label source split."""
+    targets = getattr(ds, "targets", None)
+    if isinstance(targets, torch.Tensor) and targets.ndim == 2:
+        return targets
+    return torch.stack([torch.as_tensor(ds[i][1]) for i in range(len(ds))])
+
+
+def label_dtype(num_classes: int):
+    """The narrowest unsigned dtype of a class index (one dtype per split: LitData's format is per split)."""
+    return np.uint16 if num_classes <= 2**16 else np.uint32
+
+
+def _complete_count(split_dir: str, *, multilabel: bool = False) -> int | None:
+    """Items in a complete split folder, None if it is not one (or holds the other kind of labels)."""
+    if os.path.isfile(os.path.join(split_dir, LABELS_FILE)) != multilabel:
+        return None
     try:
         with open(os.path.join(split_dir, "index.json")) as f:
             return sum(c["chunk_size"] for c in json.load(f)["chunks"])
@@ -89,8 +133,9 @@ def _chunk_sizes(split_dir: str) -> list[int]:
 
 
 def write_split(ds, indices: list[int], split_dir: str, *, shard_size: str, shuffle_seed: int | None,
-                desc: str) -> None:
-    """Write ``ds[indices]`` to ``split_dir`` (complete or absent), in a random order if shuffle_seed."""
+                desc: str, num_classes: int | None = None) -> None:
+    """Write ``ds[indices]`` to ``split_dir`` (complete or absent), in a random order if shuffle_seed.
+    ``num_classes`` given: a multi-label source, whose items hold label sets (and the folder LABELS_FILE)."""
     from litdata.streaming.writer import BinaryWriter
 
     partial = os.path.join(os.path.dirname(split_dir), f".{os.path.basename(split_dir)}.partial")
@@ -99,42 +144,58 @@ def write_split(ds, indices: list[int], split_dir: str, *, shard_size: str, shuf
     if shuffle_seed is not None:
         order = torch.randperm(len(indices), generator=torch.Generator().manual_seed(shuffle_seed)).tolist()
     writer = BinaryWriter(partial, chunk_bytes=shard_size)
+    label_sets = []
     for n, k in enumerate(tqdm(order, desc=desc, unit="img")):
-        image, label = _item_bytes(ds, indices[k])
-        writer.add_item(n, {"image": image, "label": label, "source_index": k})
+        if num_classes is None:
+            image, label = _item_bytes(ds, indices[k])
+            writer.add_item(n, {"image": image, "label": label, "source_index": k})
+        else:
+            image, labels = _multilabel_item(ds, indices[k], label_dtype(num_classes))
+            writer.add_item(n, {"image": image, "labels": labels, "source_index": k})
+            label_sets.append(labels)
     writer.done()
     writer.merge()
+    if num_classes is not None:
+        write_label_sets(os.path.join(partial, LABELS_FILE), label_sets)
     os.replace(partial, split_dir)
 
 
 def make_shards(dm: ClassificationDataModule, out: str, *, shard_size: str = "64MB", seed: int = 0) -> dict:
     """Convert ``dm``'s train/val/test splits to shards under ``out``; returns the index written."""
     os.makedirs(out, exist_ok=True)
+    multilabel = bool(getattr(dm, "multilabel", False))  # an image folder with a labels file
     splits = _source_splits(dm)
     index = {
-        "format": FORMAT_VERSION, "source": dm.info.name, "class_names": list(dm.class_names or []),
-        "num_classes": dm.num_classes, "channels": dm.channels,
+        "format": MULTILABEL_FORMAT if multilabel else FORMAT_VERSION, "source": dm.info.name,
+        "class_names": list(dm.class_names or []), "num_classes": dm.num_classes, "channels": dm.channels,
         "native_size": None if dm.native_size is None else list(dm.native_size),
         "mean": list(dm.mean), "std": list(dm.std), "splits": {},
     }  # fmt: skip
+    if multilabel:
+        index["task"] = "multilabel"
     if not index["class_names"]:
         index["class_names"] = [str(c) for c in range(dm.num_classes)]
     for split, (ds, indices) in splits.items():
         split_dir = os.path.join(out, split)
         if not indices:  # e.g. val_split=0: nothing to write (LitData writes no index for no items)
-            index["splits"][split] = {"count": 0, "chunk_sizes": [], "class_counts": [0] * dm.num_classes}
+            index["splits"][split] = ({"count": 0, "chunk_sizes": [], "positive_counts": [0] * dm.num_classes,
+                                       "unlabeled": 0} if multilabel else
+                                      {"count": 0, "chunk_sizes": [], "class_counts": [0] * dm.num_classes})
             continue
-        if _complete_count(split_dir) == len(indices):
+        if _complete_count(split_dir, multilabel=multilabel) == len(indices):
             print(f"make_shards: {split_dir} is complete ({len(indices)} images), kept")
         else:
             shutil.rmtree(split_dir, ignore_errors=True)
             write_split(ds, indices, split_dir, shard_size=shard_size, shuffle_seed=seed if split == "train" else None,
-                        desc=f"{split} -> {split_dir}")  # fmt: skip
-        labels = torch.tensor([_label(ds, i) for i in indices], dtype=torch.long)
-        index["splits"][split] = {
-            "count": len(indices), "chunk_sizes": _chunk_sizes(split_dir),
-            "class_counts": torch.bincount(labels, minlength=dm.num_classes).tolist(),
-        }  # fmt: skip
+                        desc=f"{split} -> {split_dir}", num_classes=dm.num_classes if multilabel else None)
+        meta = {"count": len(indices), "chunk_sizes": _chunk_sizes(split_dir)}
+        if multilabel:
+            targets = _targets(ds)[torch.as_tensor(indices, dtype=torch.long)] > 0.5  # (N, C)
+            meta.update(positive_counts=targets.sum(0).tolist(), unlabeled=int((~targets.any(1)).sum()))
+        else:
+            labels = torch.tensor([_label(ds, i) for i in indices], dtype=torch.long)
+            meta["class_counts"] = torch.bincount(labels, minlength=dm.num_classes).tolist()
+        index["splits"][split] = meta
     atomic_write_json(os.path.join(out, INDEX_FILE), index)
     return index
 
@@ -180,6 +241,7 @@ def make_shards_from_config(cfg) -> dict:
             shutil.rmtree(local, ignore_errors=True)
     out = out if is_s3(out) else local
     counts = ", ".join(f"{s} {m['count']} images in {len(m['chunk_sizes'])} chunk(s)" for s, m in index["splits"].items())
+    task = " module.task=multilabel" if index.get("task") == "multilabel" else ""
     print(f"make_shards: {out}: {counts}; train with data=shards data.root={out} "
-          f"data.num_classes={index['num_classes']} data.channels={index['channels']}")
+          f"data.num_classes={index['num_classes']} data.channels={index['channels']}{task}")
     return index
