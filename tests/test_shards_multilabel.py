@@ -266,3 +266,30 @@ def test_single_label_shards_stay_format_1_and_read_as_before(single_shards):
     (bad / INDEX_FILE).write_text(json.dumps({**index, "format": 2}))  # format 2 without task: multilabel
     with pytest.raises(ConfigError, match="is not a vitpipe shard index"):
         _shards_dm(bad)
+
+
+# ---- the commands as typed -------------------------------------------------------------------
+
+
+@pytest.mark.slow  # ~20 s on 2 shared cores: two script start-ups
+def test_the_make_shards_and_train_commands_run_a_multilabel_model_from_shards(tmp_path):
+    """scripts/make_shards.py on the labelled folder, then scripts/train.py data=shards module.task=multilabel:
+    the printed command names the task, and the run's predictions name each test image's own label set."""
+    import csv
+
+    from test_scale import _train_cli
+
+    root, shards = _folder(tmp_path / "images"), tmp_path / "shards"
+    r = _train_cli("data=imagefolder", f"data.root={root}", "data.labels=labels.csv", f"out={shards}",
+                   f"hydra.run.dir={tmp_path / 'make'}", script="make_shards.py")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"train with data=shards data.root={shards} data.num_classes=3 data.channels=3 module.task=multilabel" in r.stdout
+    run = tmp_path / "run"
+    r = _train_cli("data=shards", f"data.root={shards}", "module.task=multilabel", "debug=fast", "logger=none",
+                   "model.img_size=8", "model.patch_size=4", "data.num_workers=0", f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert 0.0 < metrics["test/map"] <= 1.0 and {f"test/ap/{n}" for n in NAMES} <= set(metrics)
+    with open(run / "predictions.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["labels"] for row in rows] == [";".join(label_set(i)) for i in IDS["test"]]  # the source order
