@@ -143,3 +143,30 @@ def test_a_bad_endpoint_bucket_or_key_stops_in_one_line_within_seconds(s3, digit
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("vitpipe: error:")]
     assert r.returncode == 2 and len(lines) == 1 and expect in lines[0], shlex.quote(r.stderr[-2000:])
     assert "Traceback" not in r.stderr and took < 30, took
+
+
+def test_multilabel_shards_stream_from_s3_with_their_label_sets(s3, tmp_path):
+    """A labelled image folder made into shards straight in the bucket and in a folder: a multi-label run
+    with pos_weight=balanced (the per-split label-sets file, fetched from the bucket) trains the same
+    weights from both, and its predictions name each test image's own label set."""
+    import csv
+
+    from test_shards_multilabel import IDS, _folder, label_set
+
+    root, url = _folder(tmp_path / "images"), f"s3://{s3['bucket']}/multilabel"
+    for out in (url, tmp_path / "local"):
+        r = cli("make_shards.py", "data=imagefolder", f"data.root={root}", "data.labels=labels.csv", f"out={out}",
+                f"hydra.run.dir={tmp_path / 'make'}", env=s3["env"], cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+    runs = {}
+    for name, shards in (("s3", url), ("local", tmp_path / "local")):
+        r = cli("train.py", "data=shards", f"data.root={shards}", "module.task=multilabel",
+                "module.class_weights=balanced", "debug=fast", "logger=none", "trainer=cpu", "trainer.deterministic=true",
+                "model.img_size=8", "model.patch_size=4", "data.num_workers=0",
+                f"data.cache_dir={tmp_path / 'cache' / name}", f"hydra.run.dir={tmp_path / name}",
+                env=s3["env"], cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[name] = weights(tmp_path / name)
+        with open(tmp_path / name / "predictions.csv", newline="") as f:
+            assert [row["labels"] for row in csv.DictReader(f)] == [";".join(label_set(i)) for i in IDS["test"]]
+    assert same(runs["s3"], runs["local"])
