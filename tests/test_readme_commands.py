@@ -81,6 +81,10 @@ ASK = ("curl -sf -X POST localhost:{port}/predict -F image=@digits_png/00_true8.
        'curl -sf -X POST "localhost:{port}/predict?explain=rollout" -F image=@digits_png/00_true8.png')
 ML_DATA = "data=imagefolder data.root=data/fmnist_mosaics data.labels=labels.csv"
 ML_EVAL = f"python scripts/eval.py ckpt_path=logs/train/runs/<time> {ML_DATA}"
+ML_SHARDS = ("python scripts/make_shards.py data=imagefolder data.root=data/fmnist_mosaics data.labels=labels.csv "
+             "out=data/fmnist_mosaics_shards")
+ML_SHARDS_TRAIN = MOSAIC_TRAIN.replace("data=imagefolder data.root=data/fmnist_mosaics data.labels=labels.csv",
+                                       "data=shards data.root=data/fmnist_mosaics_shards")
 ML_TUNE = f"{ML_EVAL} split=val tune_thresholds=true"
 ML_PREDICT = "python scripts/predict.py ckpt_path=logs/train/runs/<time> images=data/fmnist_mosaics/test out=mosaic_preds.csv"
 ML_EXPORT = "python scripts/export.py ckpt_path=logs/train/runs/<time> format=timm out=mosaics_vit"
@@ -121,6 +125,9 @@ SPECS: dict[str, Spec] = {
     ML_EXPORT: Spec(needs=(MOSAICS, MOSAIC_TRAIN), time_of=MOSAIC_TRAIN, needs_fmnist=True,
                     files=("mosaics_vit/config.json", "mosaics_vit/README.md")),
     ML_VIS: Spec(needs=(MOSAICS, MOSAIC_TRAIN), time_of=MOSAIC_TRAIN, needs_fmnist=True, expect=("PNG files (gradient)",)),
+    ML_SHARDS: Spec(needs=(MOSAICS,), needs_fmnist=True, expect=("module.task=multilabel",),
+                    files=("data/fmnist_mosaics_shards/vitpipe_shards.json",)),
+    ML_SHARDS_TRAIN: Spec(append=S, needs=(MOSAICS, ML_SHARDS), needs_fmnist=True, expect=("test/map",)),
     ML_SERVE: Spec(needs=(MOSAICS, MOSAIC_TRAIN), time_of=MOSAIC_TRAIN, needs_fmnist=True, server="/health", ask=ML_ASK,
                    expect=("multi-label: every class with sigmoid",)),
     # docs/mae.md
