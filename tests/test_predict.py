@@ -332,3 +332,21 @@ def test_output_is_written_through_a_temp_file_and_rename(ckpts, tmp_path, monke
     monkeypatch.undo()
     rows = read_csv(run_predict(tmp_path, path, tmp_path / "imgs"))
     assert len(rows) == 5
+
+
+def test_a_pretraining_checkpoint_is_refused_in_one_line_before_any_image(ckpts, tmp_path):
+    """An MAE pre-training checkpoint has no classes: predict, serve and the demo say so in one line
+    (predict used to start its loop first; serve failed with an AttributeError)."""
+    from vitpipe.errors import ConfigError
+    from vitpipe.tasks.predict import load_predictor
+
+    tc.KINDS.setdefault("mae", ["model=mae_vit_nano", "module=mae"])
+    ckpt = ckpts("mae")
+    for task in ("predict", "serve", "demo"):
+        with pytest.raises(ConfigError, match="holds a MaskedAutoencoderViT, not a classifier") as err:
+            load_predictor(ckpt, task_name=task)
+        assert "\n" not in str(err.value) and f"; {task} answers those" in str(err.value)
+    (tmp_path / "imgs").mkdir()
+    Image.new("L", (8, 8)).save(tmp_path / "imgs" / "a.png")
+    with pytest.raises(ConfigError, match="MaskedAutoencoderViT"):
+        run_predict(tmp_path, ckpt, tmp_path / "imgs")

@@ -237,6 +237,9 @@ def load_predictor(ckpt_path, *, paths=None, task_name: str = "predict", device=
     built = rebuild(checkpoint, path, paths=paths, task_name=task_name)
     net = built.net.to(device).eval()
     captioner = hasattr(net, "generate")
+    if not captioner and not getattr(net, "num_classes", None):  # e.g. MAE pre-training: no classes to answer
+        raise ConfigError(f"{path} holds a {type(net).__name__}, not a classifier or a captioner; {task_name} "
+                          "answers those: fine-tune it into a classifier first (model.pretrained=<its run>, docs/mae.md)")
     if captioner and tta != "none":
         raise ConfigError(f"tta={tta} applies to classifiers; this checkpoint is a captioner: drop tta")
     warning = unseen_flip_warning(checkpoint.get("vitpipe_config"), tta)
