@@ -141,7 +141,7 @@ def test_gradient_and_plain_rollout_differ_and_follow_the_models_rollout(ckpts, 
     model = demo_task.load_model(demo_cfg(tmp_path, ckpts("learned")))
     path = sorted(images.glob("*.png"))[0]
     x = demo_task.model_input(model, path)
-    _, top = demo_task.top_k(model, x, 1)
+    _, top, _ = demo_task.top_k(model, x, 1)
     plain = demo_task.show(model, path, "rollout").attention
     grad = demo_task.show(model, path, "gradient").attention
     torch.testing.assert_close(plain, rollout_for_model(model.net, x)[0])

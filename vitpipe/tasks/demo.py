@@ -15,6 +15,10 @@ transform (``vitpipe.data.preprocess.Preprocess``, NaFlex rule included) -> one 
 * the checkpoint's facts: architecture, data, test accuracy (the run's ``metrics.json``, as the
   exported model card reads it).
 
+Multi-label checkpoints (``module.task=multilabel``): the label set predict writes (every class at or
+above its threshold: thresholds.json or ``module.threshold``) above the top-k sigmoid scores; gradient
+rollout explains the highest-scoring class; the facts give test mAP.
+
 Captioners: the caption ``scripts/predict.py`` writes (the run's decoding settings) and, per generated
 word, its cross-attention over the image (``vitpipe.viz.rollout.cross_attention_maps``: mean over decoder
 layers and heads) as an overlay, in a gallery. Gradio is imported only here; without it one line says
@@ -42,7 +46,15 @@ from vitpipe.data.images import open_image
 from vitpipe.data.preprocess import Preprocess
 from vitpipe.errors import ConfigError
 from vitpipe.report.tta import TTAS
-from vitpipe.tasks.predict import Predictor, class_probs, label_names, load_predictor, to_device, top_labels
+from vitpipe.tasks.predict import (
+    Predictor,
+    class_probs,
+    label_names,
+    label_sets,
+    load_predictor,
+    to_device,
+    top_labels,
+)
 from vitpipe.viz.overlay import overlay, to_numpy_image, unnormalize
 from vitpipe.viz.rollout import check_rollout_options, gradient_rollout, naflex_rollout_for_model, rollout_for_model
 
@@ -87,10 +99,11 @@ class DemoModel:
 class Shown:
     """One image on the page: top-k ``{label: probability}``, the model's input and its overlay."""
 
-    probs: dict[str, float]  # the k most probable classes, most probable first
+    probs: dict[str, float]  # the k most probable classes, most probable first (multi-label: sigmoid scores)
     display: np.ndarray  # (H, W, 3) uint8: the input as the model sees it, enlarged by an integer factor
     overlay: np.ndarray  # (H, W, 3) uint8: the same size, the attention map blended over it
     attention: Tensor  # (h, w) the map on the patch grid
+    labels: list[str] | None = None  # multi-label: every class at or above its threshold, most probable first
 
 
 @dataclass
@@ -153,9 +166,6 @@ def load_model(cfg: DictConfig) -> DemoModel:
 
     device = resolve_device(cfg.device)
     loaded = load_predictor(cfg.ckpt_path, paths=cfg.paths, task_name=cfg.task_name, device=device, tta=cfg.tta)
-    if loaded.multilabel:  # the page ranks one softmax over the classes
-        raise ConfigError(f"the demo page shows one softmax over classes; {loaded.path} is multi-label "
-                          "(module.task=multilabel): use scripts/serve.py or scripts/predict.py for its label sets")
     encoder = loaded.net.encoder if loaded.captioner else loaded.net
     if not isinstance(encoder, ViT):  # e.g. model=timm (a CNN): no attention to show
         raise ConfigError(f"the demo page draws attention maps of a vitpipe ViT; {loaded.path} holds a "
@@ -163,11 +173,12 @@ def load_model(cfg: DictConfig) -> DemoModel:
     mean, std, channels = data_stats(loaded.built.datamodule, encoder)
     names = [] if loaded.captioner else label_names(loaded.built.class_names, loaded.net.num_classes)
     return DemoModel(loaded=loaded, names=names, device=device, mean=mean, std=std, channels=channels,
-                     facts=model_facts(loaded.checkpoint, loaded.net, loaded.path, cfg.tta, loaded.temperature))
+                     facts=model_facts(loaded.checkpoint, loaded.net, loaded.path, cfg.tta, loaded.temperature,
+                                       thresholds=loaded.thresholds))
 
 
 def model_facts(checkpoint: dict, net: nn.Module, path: Path, tta: str,
-                temperature: float | None = None) -> dict[str, str]:
+                temperature: float | None = None, thresholds: Tensor | None = None) -> dict[str, str]:
     """Architecture, data, test accuracy and the checkpoint, as lines for the page (the terms of the
     exported model card, ``vitpipe.export.model_card``: its ``run_metrics`` reads the test metrics)."""
     from vitpipe.export.model_card import run_metrics
@@ -195,6 +206,17 @@ def model_facts(checkpoint: dict, net: nn.Module, path: Path, tta: str,
                             else "not recorded (no test metrics in a metrics.json beside the checkpoint's run)"),
             "Checkpoint": f"{path.name} (decoding as the run validated: the captions scripts/predict.py writes)",
         }
+    if thresholds is not None:  # multi-label: a sigmoid per class, a label set per image
+        t = thresholds.double()
+        at = f"{float(t[0]):g}" if bool((t == t[0]).all()) else f"per class, {float(t.min()):.3g}..{float(t.max()):.3g}"
+        mean_ap = metrics.get("test/map")
+        return {
+            "Architecture": f"{encoder}, pool {net.pool}; {params / 1e6:.3f} M parameters",
+            "Data": f"{data}, {net.num_classes} classes, multi-label (a sigmoid per class; labels at score >= {at})",
+            "Test mAP": (f"{mean_ap:.4f} (test/map of the run's metrics.json)" if mean_ap is not None
+                         else "not recorded (no test/map in a metrics.json beside the checkpoint's run)"),
+            "Checkpoint": path.name,
+        }
     acc = metrics.get("test/acc")
     return {
         "Architecture": f"{encoder}, pool {net.pool}; {params / 1e6:.3f} M parameters",
@@ -216,14 +238,22 @@ def model_input(model: DemoModel, path) -> Tensor | dict:
     return to_device(model.preprocess.collate([x]), model.device)
 
 
-def top_k(model: DemoModel, x, k: int) -> tuple[dict[str, float], int]:
-    """``({label: probability}`` of the ``k`` most probable classes, the top class index)``: predict's
-    probabilities (``class_probs``: TTA, then the calibration temperature, then softmax) and ranking."""
+def top_k(model: DemoModel, x, k: int) -> tuple[dict[str, float], int, list[str] | None]:
+    """``({label: probability}`` of the ``k`` most probable classes, the top class index, the label set)``:
+    predict's probabilities (``class_probs``: TTA, then the calibration temperature, then softmax) and
+    ranking. Multi-label checkpoints: predict's sigmoid scores, and the label set (every class at or
+    above its threshold, ``label_sets``); None for single-label ones."""
+    multilabel = model.loaded.multilabel
     with torch.inference_mode():
-        probs = class_probs(model.net, x, tta=model.loaded.tta, temperature=model.loaded.temperature)  # (1, classes)
+        probs = class_probs(model.net, x, tta=model.loaded.tta, temperature=model.loaded.temperature,
+                            multilabel=multilabel)  # (1, classes)
     probs = probs.cpu()
-    top = top_labels(probs, model.names, k)[0]
-    return dict(zip(top["labels"], top["probs"])), int(probs[0].argmax())
+    if multilabel:
+        answer = label_sets(probs, model.names, model.loaded.thresholds, k)[0]
+        top, labels = answer["topk"], answer["labels"]
+    else:
+        top, labels = top_labels(probs, model.names, k)[0], None
+    return dict(zip(top["labels"], top["probs"])), int(probs[0].argmax()), labels
 
 
 def attention_map(model: DemoModel, x, method: str, target: int, *, head_fusion: str = "mean",
@@ -260,11 +290,19 @@ def show(model: DemoModel, path, method: str, *, topk: int = 5, head_fusion: str
          discard_ratio: float = 0.0, alpha: float = 0.5, cmap: str = "jet", display_size: int = 256) -> Shown:
     """Everything the page shows for the image file ``path`` (the page's function, without Gradio)."""
     x = model_input(model, path)
-    probs, top = top_k(model, x, topk)
+    probs, top, labels = top_k(model, x, topk)
     attention = attention_map(model, x, method, top, head_fusion=head_fusion, discard_ratio=discard_ratio)
     display = display_image(model, x, display_size)
     blended = overlay(display, attention, alpha=alpha, cmap=cmap)  # (H, W, 3) in [0, 1]
-    return Shown(probs=probs, display=_uint8(to_numpy_image(display)), overlay=_uint8(blended), attention=attention)
+    return Shown(probs=probs, display=_uint8(to_numpy_image(display)), overlay=_uint8(blended), attention=attention,
+                 labels=labels)
+
+
+def label_set_text(labels: list[str] | None, probs: dict[str, float]) -> str:
+    """The page's line for a multi-label answer: the label set (with the scores shown in the top-k)."""
+    if not labels:
+        return "no class at or above its threshold"
+    return ", ".join(f"{n} ({probs[n]:.1%})" if n in probs else n for n in labels)
 
 
 def caption_image(model: DemoModel, path, *, alpha: float = 0.5, cmap: str = "jet",
@@ -376,7 +414,11 @@ def build_page(model: DemoModel, cfg: DictConfig, examples: list[Path]):
 
 
 def _classifier_panels(gr, model: DemoModel, image, method, style: dict) -> None:
-    label = gr.Label(num_top_classes=style["topk"], label=f"top-{style['topk']}", elem_id="topk")
+    multilabel = model.loaded.multilabel
+    if multilabel:  # the label set first; the top-k bars are sigmoid scores, each in [0, 1] on its own
+        label_set = gr.Textbox(label="labels (score >= the class's threshold)", interactive=False, elem_id="label-set")
+    label = gr.Label(num_top_classes=style["topk"], elem_id="topk",
+                     label=f"top-{style['topk']} sigmoid scores" if multilabel else f"top-{style['topk']}")
     with gr.Row():
         model_view = gr.Image(label="model input", type="numpy", format="png", interactive=False, height=300,
                               elem_id="model-input")
@@ -385,12 +427,14 @@ def _classifier_panels(gr, model: DemoModel, image, method, style: dict) -> None
 
     def on_image(path, chosen):
         if not path:
-            return None, None, None
+            return (None,) * (4 if multilabel else 3)
         shown = _on_page(gr, lambda: show(model, path, chosen, **style))
-        return shown.probs, shown.display, shown.overlay
+        answer = (shown.probs, shown.display, shown.overlay)
+        return (label_set_text(shown.labels, shown.probs), *answer) if multilabel else answer
 
+    outputs = [label_set, label, model_view, overlay_view] if multilabel else [label, model_view, overlay_view]
     for event in (image.change, method.change):
-        event(on_image, inputs=[image, method], outputs=[label, model_view, overlay_view])
+        event(on_image, inputs=[image, method], outputs=outputs)
 
 
 def _caption_panels(gr, model: DemoModel, image, style: dict) -> None:
