@@ -189,6 +189,37 @@ def test_captioner_page_gives_predict_pys_caption_and_one_map_per_word(ckpts, tm
     assert {"caption", "words", "model-input"} <= {b.elem_id for b in page.blocks.values()}
 
 
+def test_a_timm_cnn_gets_its_labels_without_an_attention_map(images, tmp_path, capfd):
+    """model=timm (a CNN, no attention): the page answers predict's top-k, shows the input where the
+    overlay would be, hides the method switch, and a note says why; the facts name the timm network."""
+    from omegaconf import OmegaConf
+
+    from vitpipe.tasks.train import build
+
+    cfg = make_cfg(tmp_path / "timm", ["model=timm", "model.name=resnet10t", "model.img_size=8", "logger=none",
+                                       "trainer=cpu"])
+    _, net, module = build(cfg)
+    ckpt = tmp_path / "timm" / "run" / "checkpoints" / "epoch_000.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    stored = OmegaConf.to_container(cfg, resolve=True)
+    stored.pop("hydra", None)
+    torch.save({"state_dict": module.state_dict(), "vitpipe_config": stored,
+                "class_names": [str(i) for i in range(10)]}, ckpt)
+    expected = predict_json(tmp_path / "p", ckpt, images, "topk=5")
+    model = demo_task.load_model(demo_cfg(tmp_path / "d", ckpt))
+    assert "not a vitpipe ViT" in capfd.readouterr().err and not model.explainable
+    assert model.facts["Architecture"].startswith("timm resnet10t (ResNet")
+    for path in sorted(images.iterdir()):
+        shown = demo_task.show(model, path, "rollout", topk=5)
+        want = row_topk(expected[path.name])
+        assert list(shown.probs) == [n for n, _ in want]
+        assert list(shown.probs.values()) == pytest.approx([q for _, q in want], abs=1e-5)
+        assert shown.attention is None and np.array_equal(shown.overlay, shown.display)
+    page = demo_task.build_page(model, demo_cfg(tmp_path / "d2", ckpt), [])
+    radio = next(b for b in page.blocks.values() if getattr(b, "elem_id", None) == "method")
+    assert radio.visible is False
+
+
 @pytest.mark.parametrize("override,message", [
     ("method=heads", r"method='heads' is not valid; choose one of \['rollout', 'gradient'\]"),
     ("port=0", r"port=0: expected an int in 1\.\.65535"),

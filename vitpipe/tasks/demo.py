@@ -83,6 +83,14 @@ class DemoModel:
         return self.loaded.net
 
     @property
+    def explainable(self) -> bool:
+        """Whether the page can draw an attention map: a vitpipe ViT (a timm CNN has no attention)."""
+        from vitpipe.models.vit import ViT
+
+        return isinstance(self.loaded.net.encoder if self.captioner else self.loaded.net, ViT)
+
+
+    @property
     def preprocess(self) -> Preprocess:
         return self.loaded.preprocess
 
@@ -102,7 +110,7 @@ class Shown:
     probs: dict[str, float]  # the k most probable classes, most probable first (multi-label: sigmoid scores)
     display: np.ndarray  # (H, W, 3) uint8: the input as the model sees it, enlarged by an integer factor
     overlay: np.ndarray  # (H, W, 3) uint8: the same size, the attention map blended over it
-    attention: Tensor  # (h, w) the map on the patch grid
+    attention: Tensor | None  # (h, w) the map on the patch grid; None for a network without attention (timm CNN)
     labels: list[str] | None = None  # multi-label: every class at or above its threshold, most probable first
 
 
@@ -167,9 +175,9 @@ def load_model(cfg: DictConfig) -> DemoModel:
     device = resolve_device(cfg.device)
     loaded = load_predictor(cfg.ckpt_path, paths=cfg.paths, task_name=cfg.task_name, device=device, tta=cfg.tta)
     encoder = loaded.net.encoder if loaded.captioner else loaded.net
-    if not isinstance(encoder, ViT):  # e.g. model=timm (a CNN): no attention to show
-        raise ConfigError(f"the demo page draws attention maps of a vitpipe ViT; {loaded.path} holds a "
-                          f"{type(encoder).__name__}")
+    if not isinstance(encoder, ViT):  # e.g. model=timm (a CNN): its labels, no attention to show
+        print(f"vitpipe demo: note: {loaded.path} holds a {type(encoder).__name__}, not a vitpipe ViT: the page "
+              "shows its labels without an attention map", file=sys.stderr, flush=True)
     mean, std, channels = data_stats(loaded.built.datamodule, encoder)
     names = [] if loaded.captioner else label_names(loaded.built.class_names, loaded.net.num_classes)
     return DemoModel(loaded=loaded, names=names, device=device, mean=mean, std=std, channels=channels,
@@ -184,15 +192,20 @@ def model_facts(checkpoint: dict, net: nn.Module, path: Path, tta: str,
     from vitpipe.export.model_card import run_metrics
     from vitpipe.run.paths import run_dir_of
 
+    from vitpipe.models.vit import ViT
+
     stored = checkpoint.get("vitpipe_config") or {}
     model_cfg, data_cfg = stored.get("model") or {}, stored.get("data") or {}
     captioner = hasattr(net, "generate")
     vit = net.encoder if captioner else net
     params = sum(p.numel() for p in net.parameters())
-    (p, q), (h, w) = vit.patch_size, vit.img_size
     name = (model_cfg.get("encoder") or {}).get("name", "?") if captioner else model_cfg.get("name", "?")
-    encoder = (f"ViT {name}: dim {vit.dim}, depth {len(vit.blocks)}, heads {vit.blocks[0].attn.num_heads}, patch "
-               f"{p}x{q} on {h}x{w}, pos_embed {_pos(model_cfg, captioner)}")
+    if isinstance(vit, ViT):
+        (p, q), (h, w) = vit.patch_size, vit.img_size
+        encoder = (f"ViT {name}: dim {vit.dim}, depth {len(vit.blocks)}, heads {vit.blocks[0].attn.num_heads}, "
+                   f"patch {p}x{q} on {h}x{w}, pos_embed {_pos(model_cfg, captioner)}")
+    else:  # model=timm: any timm network
+        encoder = f"timm {name} ({type(vit).__name__}; no attention map)"
     data = str(data_cfg.get("_target_", "?")).rsplit(".", 1)[-1].removesuffix("DataModule")
     metrics = run_metrics(run_dir_of(path))
     calibrated = f", calibration temperature {temperature:g}" if temperature else ""
@@ -211,7 +224,7 @@ def model_facts(checkpoint: dict, net: nn.Module, path: Path, tta: str,
         at = f"{float(t[0]):g}" if bool((t == t[0]).all()) else f"per class, {float(t.min()):.3g}..{float(t.max()):.3g}"
         mean_ap = metrics.get("test/map")
         return {
-            "Architecture": f"{encoder}, pool {net.pool}; {params / 1e6:.3f} M parameters",
+            "Architecture": f"{encoder}{_pool(net)}; {params / 1e6:.3f} M parameters",
             "Data": f"{data}, {net.num_classes} classes, multi-label (a sigmoid per class; labels at score >= {at})",
             "Test mAP": (f"{mean_ap:.4f} (test/map of the run's metrics.json)" if mean_ap is not None
                          else "not recorded (no test/map in a metrics.json beside the checkpoint's run)"),
@@ -219,12 +232,17 @@ def model_facts(checkpoint: dict, net: nn.Module, path: Path, tta: str,
         }
     acc = metrics.get("test/acc")
     return {
-        "Architecture": f"{encoder}, pool {net.pool}; {params / 1e6:.3f} M parameters",
+        "Architecture": f"{encoder}{_pool(net)}; {params / 1e6:.3f} M parameters",
         "Data": f"{data}, {net.num_classes} classes",
         "Test accuracy": (f"{acc:.4f} (test/acc of the run's metrics.json)" if acc is not None
                           else "not recorded (no test/acc in a metrics.json beside the checkpoint's run)"),
         "Checkpoint": f"{path.name} (tta={tta}{calibrated})",
     }
+
+
+def _pool(net: nn.Module) -> str:
+    pool = getattr(net, "pool", None)
+    return f", pool {pool}" if isinstance(pool, str) else ""
 
 
 def _pos(model_cfg: dict, captioner: bool) -> str:
@@ -291,8 +309,11 @@ def show(model: DemoModel, path, method: str, *, topk: int = 5, head_fusion: str
     """Everything the page shows for the image file ``path`` (the page's function, without Gradio)."""
     x = model_input(model, path)
     probs, top, labels = top_k(model, x, topk)
-    attention = attention_map(model, x, method, top, head_fusion=head_fusion, discard_ratio=discard_ratio)
     display = display_image(model, x, display_size)
+    if not model.explainable:  # a timm CNN: the labels, and the input where the overlay would be
+        image = _uint8(to_numpy_image(display))
+        return Shown(probs=probs, display=image, overlay=image, attention=None, labels=labels)
+    attention = attention_map(model, x, method, top, head_fusion=head_fusion, discard_ratio=discard_ratio)
     blended = overlay(display, attention, alpha=alpha, cmap=cmap)  # (H, W, 3) in [0, 1]
     return Shown(probs=probs, display=_uint8(to_numpy_image(display)), overlay=_uint8(blended), attention=attention,
                  labels=labels)
@@ -399,7 +420,8 @@ def build_page(model: DemoModel, cfg: DictConfig, examples: list[Path]):
                 if not model.captioner:
                     methods = ["rollout"] if model.naflex else list(METHODS)
                     method = gr.Radio([(METHOD_TITLES[m], m) for m in methods], label="attention map",
-                                      value=cfg.method if cfg.method in methods else "rollout", elem_id="method")
+                                      value=cfg.method if cfg.method in methods else "rollout", elem_id="method",
+                                      visible=model.explainable)
                 if examples:
                     gr.Examples([[str(p)] for p in examples], inputs=image, label="test split examples",
                                 elem_id="examples")
@@ -423,7 +445,7 @@ def _classifier_panels(gr, model: DemoModel, image, method, style: dict) -> None
         model_view = gr.Image(label="model input", type="numpy", format="png", interactive=False, height=300,
                               elem_id="model-input")
         overlay_view = gr.Image(label="attention overlay", type="numpy", format="png", interactive=False,
-                                height=300, elem_id="overlay")
+                                height=300, elem_id="overlay", visible=model.explainable)  # a CNN: none
 
     def on_image(path, chosen):
         if not path:
