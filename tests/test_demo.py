@@ -192,19 +192,7 @@ def test_captioner_page_gives_predict_pys_caption_and_one_map_per_word(ckpts, tm
 def test_a_timm_cnn_gets_its_labels_without_an_attention_map(images, tmp_path, capfd):
     """model=timm (a CNN, no attention): the page answers predict's top-k, shows the input where the
     overlay would be, hides the method switch, and a note says why; the facts name the timm network."""
-    from omegaconf import OmegaConf
-
-    from vitpipe.tasks.train import build
-
-    cfg = make_cfg(tmp_path / "timm", ["model=timm", "model.name=resnet10t", "model.img_size=8", "logger=none",
-                                       "trainer=cpu"])
-    _, net, module = build(cfg)
-    ckpt = tmp_path / "timm" / "run" / "checkpoints" / "epoch_000.ckpt"
-    ckpt.parent.mkdir(parents=True)
-    stored = OmegaConf.to_container(cfg, resolve=True)
-    stored.pop("hydra", None)
-    torch.save({"state_dict": module.state_dict(), "vitpipe_config": stored,
-                "class_names": [str(i) for i in range(10)]}, ckpt)
+    ckpt = tc.timm_checkpoint(tmp_path)
     expected = predict_json(tmp_path / "p", ckpt, images, "topk=5")
     model = demo_task.load_model(demo_cfg(tmp_path / "d", ckpt))
     assert "not a vitpipe ViT" in capfd.readouterr().err and not model.explainable

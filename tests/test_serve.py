@@ -300,6 +300,22 @@ def test_naflex_checkpoint_serves_its_own_rule(tmp_path):
     assert status == 400 and "valid: rollout" in body["detail"]
 
 
+def test_a_timm_cnn_serves_predicts_answers_and_refuses_explain(tmp_path):
+    """model=timm (a CNN): predict.py's answers; ``explain`` is a 400 naming that none is offered."""
+    from vitpipe.tasks.serving.api import explain_choices
+
+    ckpt = tc.timm_checkpoint(tmp_path)
+    images = write_images(tmp_path / "images")
+    rows = predicted(tmp_path, ckpt, tmp_path / "images")
+    api = api_for(ckpt)
+    assert explain_choices(api.loaded) == ()
+    for (status, body), path in zip(answer(api, [{"image": b64(p)} for p in images]), images):
+        assert status == 200
+        assert_same(body, rows[path.name])
+    status, body = answer(api, [{"image": b64(images[0]), "explain": "rollout"}])[0]
+    assert status == 400 and "none for this checkpoint" in body["detail"]
+
+
 def test_captioner_serves_captions(tmp_path):
     ckpt = tc.checkpoint("captioner", tmp_path / "made")
     images = write_images(tmp_path / "images")[:3]

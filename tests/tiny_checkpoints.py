@@ -96,3 +96,24 @@ def hostile(base: Path, marker: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(src, path)
     return path
+
+
+def timm_checkpoint(base: Path, name: str = "resnet10t") -> Path:
+    """``base/timm/run/checkpoints/epoch_000.ckpt``: a timm network (``model=timm``, a CNN: no attention)
+    on the digits with random weights, stored as a training run stores it (made once per session)."""
+    key = f"timm:{name}"
+    if key in _made:
+        return _made[key]
+    from vitpipe.tasks.train import build
+
+    root = base / "timm"
+    cfg = make_cfg(root, ["model=timm", f"model.name={name}", "model.img_size=8", "logger=none", "trainer=cpu"])
+    dm, net, module = build(cfg)  # not debug=fast: it sets ViT widths
+    stored = OmegaConf.to_container(cfg, resolve=True)
+    stored.pop("hydra", None)
+    path = root / "run" / "checkpoints" / "epoch_000.ckpt"
+    path.parent.mkdir(parents=True)
+    torch.save({"state_dict": module.state_dict(), "vitpipe_config": stored,
+                "class_names": getattr(dm, "class_names", None)}, path)
+    _made[key] = path
+    return path

@@ -38,8 +38,11 @@ BATCH_HEADER = "X-Batch-Size"
 
 def explain_choices(loaded) -> tuple[str, ...]:
     """What ``explain`` can draw for a ``load_predictor`` result: both rollouts for a fixed-size classifier,
-    attention rollout on each image's own grid for a NaFlex one, nothing for a captioner."""
-    if loaded.captioner:
+    attention rollout on each image's own grid for a NaFlex one, nothing for a captioner or a network
+    without attention (``model=timm``, e.g. a CNN)."""
+    from vitpipe.models.vit import ViT
+
+    if loaded.captioner or not isinstance(loaded.net, ViT):
         return ()
     return ("rollout",) if loaded.preprocess.max_seq_len is not None else ("rollout", "gradient_rollout")
 
