@@ -219,24 +219,20 @@ def model_facts(checkpoint: dict, net: nn.Module, path: Path, tta: str,
                             else "not recorded (no test metrics in a metrics.json beside the checkpoint's run)"),
             "Checkpoint": f"{path.name} (decoding as the run validated: the captions scripts/predict.py writes)",
         }
-    if thresholds is not None:  # multi-label: a sigmoid per class, a label set per image
+    data = f"{data}, {net.num_classes} classes"
+    title, key, checkpoint_line = "Test accuracy", "test/acc", f"{path.name} (tta={tta}{calibrated})"
+    if thresholds is not None:  # multi-label: a sigmoid per class, a label set per image; no tta, no temperature
         t = thresholds.double()
         at = f"{float(t[0]):g}" if bool((t == t[0]).all()) else f"per class, {float(t.min()):.3g}..{float(t.max()):.3g}"
-        mean_ap = metrics.get("test/map")
-        return {
-            "Architecture": f"{encoder}{_pool(net)}; {params / 1e6:.3f} M parameters",
-            "Data": f"{data}, {net.num_classes} classes, multi-label (a sigmoid per class; labels at score >= {at})",
-            "Test mAP": (f"{mean_ap:.4f} (test/map of the run's metrics.json)" if mean_ap is not None
-                         else "not recorded (no test/map in a metrics.json beside the checkpoint's run)"),
-            "Checkpoint": path.name,
-        }
-    acc = metrics.get("test/acc")
+        data += f", multi-label (a sigmoid per class; labels at score >= {at})"
+        title, key, checkpoint_line = "Test mAP", "test/map", path.name
+    score = metrics.get(key)
     return {
         "Architecture": f"{encoder}{_pool(net)}; {params / 1e6:.3f} M parameters",
-        "Data": f"{data}, {net.num_classes} classes",
-        "Test accuracy": (f"{acc:.4f} (test/acc of the run's metrics.json)" if acc is not None
-                          else "not recorded (no test/acc in a metrics.json beside the checkpoint's run)"),
-        "Checkpoint": f"{path.name} (tta={tta}{calibrated})",
+        "Data": data,
+        title: (f"{score:.4f} ({key} of the run's metrics.json)" if score is not None
+                else f"not recorded (no {key} in a metrics.json beside the checkpoint's run)"),
+        "Checkpoint": checkpoint_line,
     }
 
 
