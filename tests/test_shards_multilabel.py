@@ -293,3 +293,21 @@ def test_the_make_shards_and_train_commands_run_a_multilabel_model_from_shards(t
     with open(run / "predictions.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [row["labels"] for row in rows] == [";".join(label_set(i)) for i in IDS["test"]]  # the source order
+
+
+def test_a_class_index_outside_the_index_is_one_line_naming_the_file(tmp_path):
+    """Shards are data someone hands us: a stored class index past the index's classes (a corrupt or
+    foreign labels file, a bad item) is a one-line error naming where, not an IndexError."""
+    import numpy as np
+
+    from vitpipe.data.shards import multi_hot, read_label_sets, write_label_sets
+
+    path = str(tmp_path / "vitpipe_labels.npz")
+    write_label_sets(path, [np.array([0, 2], np.uint16), np.array([7], np.uint16)])
+    with pytest.raises(ConfigError, match="holds class index 7, not one of the 3 classes") as err:
+        read_label_sets(path, 3)
+    assert path in str(err.value) and "\n" not in str(err.value)
+    assert read_label_sets(path, 8)[1].tolist() == [0.0] * 7 + [1.0]
+    with pytest.raises(ConfigError, match="s3://b/train item 4 holds class index 3"):
+        multi_hot(np.array([3], np.uint16), 3, "s3://b/train item 4")
+    assert multi_hot(np.array([2, 0], np.uint16), 3).tolist() == [1.0, 0.0, 1.0]

@@ -115,16 +115,27 @@ def read_label_sets(path: str, num_classes: int) -> Tensor:
     """(N, C) float32 multi-hot targets from a ``write_label_sets`` file."""
     with np.load(path, allow_pickle=False) as f:
         offsets, classes = f["offsets"], f["classes"]
+    _check_classes(classes, num_classes, path)
     rows = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
     out = torch.zeros(len(offsets) - 1, num_classes)
     out[torch.as_tensor(rows, dtype=torch.long), torch.as_tensor(classes.astype(np.int64))] = 1.0
     return out
 
 
-def multi_hot(labels, num_classes: int) -> Tensor:
+def _check_classes(classes: np.ndarray, num_classes: int, where: str) -> None:
+    """ConfigError naming ``where`` when a stored class index is not one of the index's classes."""
+    bad = classes[(classes < 0) | (classes >= num_classes)] if classes.size else classes
+    if bad.size:
+        raise ConfigError(f"{where} holds class index {int(bad[0])}, not one of the {num_classes} classes of "
+                          "vitpipe_shards.json; write the shards again with scripts/make_shards.py")
+
+
+def multi_hot(labels, num_classes: int, where: str = "a shard item") -> Tensor:
     """A stored item's class indices -> (C,) float32 multi-hot."""
+    classes = np.asarray(labels, dtype=np.int64)
+    _check_classes(classes, num_classes, where)
     out = torch.zeros(num_classes)
-    out[torch.as_tensor(np.asarray(labels, dtype=np.int64))] = 1.0
+    out[torch.as_tensor(classes)] = 1.0
     return out
 
 
@@ -164,7 +175,7 @@ class ShardSplit(Dataset):
         image = open_image(io.BytesIO(item["image"]), self.mode)
         if self.num_classes is None:
             return image, int(item["label"])
-        return image, multi_hot(item["labels"], self.num_classes)
+        return image, multi_hot(item["labels"], self.num_classes, f"{self.url} item {i}")
 
     @property
     def targets(self) -> Tensor:
