@@ -232,10 +232,11 @@ def _tuned_thresholds(report, datamodule, net, ckpt_path: Path, checkpoint: dict
 
     from vitpipe.report.multilabel import find_thresholds
     from vitpipe.run.checkpoint import load_checkpoint
-    from vitpipe.tasks.predict import label_names
 
     checkpoint = checkpoint if checkpoint is not None else load_checkpoint(ckpt_path)
-    names = label_names(checkpoint.get("class_names") or getattr(datamodule, "class_names", None), int(net.num_classes))
+    names = checkpoint.get("class_names") or getattr(datamodule, "class_names", None) or []
+    c = int(net.num_classes)
+    names = [str(n) for n in names] if len(names) == c else [str(i) for i in range(c)]  # as predict names them
     thresholds, note = find_thresholds(ckpt_path, checkpoint, names)
     if note:
         print(f"vitpipe eval: note: {note}", file=sys.stderr)
