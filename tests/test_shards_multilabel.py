@@ -130,7 +130,9 @@ def test_a_single_label_split_left_in_the_output_is_rewritten_with_label_sets(ml
                                                in_chans=3, test_split=0, val_split=0), str(out),
                          shard_size="400B")
     assert single["splits"]["train"]["count"] == len(IDS["train"])  # same count: only the kind differs
-    index = make_shards(_folder_dm(root), str(out), shard_size="400B")
+    with pytest.raises(ConfigError, match="train/: multiclass items, now multilabel"):  # kept only if the same
+        make_shards(_folder_dm(root), str(out), shard_size="400B")
+    index = make_shards(_folder_dm(root), str(out), shard_size="400B", overwrite=True)
     shard = ShardSplit(str(out / "train"), index["splits"]["train"]["count"], mode="RGB", num_classes=3)
     assert "labels" in shard.item(0) and (out / "train" / LABELS_FILE).is_file()
 
@@ -254,7 +256,8 @@ def test_a_task_that_does_not_match_the_shards_is_one_line_before_data_loads(ml_
 def test_single_label_shards_stay_format_1_and_read_as_before(single_shards):
     index = json.loads((single_shards / INDEX_FILE).read_text())
     assert index["format"] == 1 and "task" not in index  # what readers before multi-label shards accept
-    assert set(index["splits"]["train"]) == {"count", "chunk_sizes", "class_counts"}
+    # and the fingerprint of what the split was written from (make_shards' re-runs), which readers ignore
+    assert set(index["splits"]["train"]) == {"count", "chunk_sizes", "class_counts", "fingerprint"}
     assert not (single_shards / "train" / LABELS_FILE).exists()
     dm = _shards_dm(single_shards)
     dm.setup("fit")

@@ -14,7 +14,8 @@ Multi-label shards (written from ``data=imagefolder data.labels=<file>.csv``; in
 ``task: multilabel``) give ``(image, multi-hot float32 (C,))`` as the image folder does, for
 ``module.task=multilabel``; each split's label sets are also kept apart from the images
 (``<split>/vitpipe_labels.npz``), so ``multilabel_targets`` and ``pos_weight=balanced`` read no image.
-Single-label shards stay format 1, byte for byte what earlier releases wrote and read.
+Single-label shards stay format 1, read by earlier releases too (each split's ``fingerprint`` in the index,
+what make_shards wrote it from, is a key they ignore).
 """
 
 from __future__ import annotations

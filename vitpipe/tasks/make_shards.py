@@ -28,11 +28,21 @@ renamed into place), which ``multilabel_targets`` and ``pos_weight=balanced`` re
 an image. Single-label shards are written exactly as before (format 1).
 
 Re-runnable: a split is written to ``.<split>.partial/`` and renamed when complete, the index is
-written last (atomically); a re-run keeps complete splits and redoes the rest.
+written last (atomically); a re-run keeps a complete split only if it was written from the same items
+with the same settings. Each split's folder holds the record of what it was written from
+(``vitpipe_split.json``, ``split_record``: a digest of its items, the training order's seed, the chunk
+size, the item layout; the index repeats it as the split's ``fingerprint``), so a re-run after an
+interruption can judge the splits already written even before there is an index. A split written from
+other items or settings (``data.seed=1`` after ``data.seed=0``: another validation split), or by an
+earlier make_shards that kept no record, stops the run before anything is written, in one line naming
+the split and what changed; ``overwrite=true`` writes it again (the old index is removed first, so an
+interrupted rewrite is never read as complete). A folder named like a split that make_shards did not
+write (no LitData index) is never removed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -48,9 +58,13 @@ from tqdm import tqdm
 from vitpipe.data.base import ClassificationDataModule
 from vitpipe.data.shards import FORMAT_VERSION, INDEX_FILE, LABELS_FILE, MULTILABEL_FORMAT, write_label_sets
 from vitpipe.data.splits import split_indices
+from vitpipe.errors import ConfigError
 from vitpipe.run.files import atomic_write_json
 
 SPLITS = ("train", "val", "test")
+RECORD_FILE = "vitpipe_split.json"  # in each split's folder: what it was written from (``split_record``)
+RECORD_VERSION = 1  # how ``split_record`` digests the items; a record of another version never matches
+COMPARED = ("version", "task", "num_classes", "count", "items", "seed", "shard_size")  # the bytes follow these
 
 
 def encode_image(image) -> bytes:
@@ -133,9 +147,10 @@ def _chunk_sizes(split_dir: str) -> list[int]:
 
 
 def write_split(ds, indices: list[int], split_dir: str, *, shard_size: str, shuffle_seed: int | None,
-                desc: str, num_classes: int | None = None) -> None:
+                desc: str, num_classes: int | None = None, record: dict | None = None) -> None:
     """Write ``ds[indices]`` to ``split_dir`` (complete or absent), in a random order if shuffle_seed.
-    ``num_classes`` given: a multi-label source, whose items hold label sets (and the folder LABELS_FILE)."""
+    ``num_classes`` given: a multi-label source, whose items hold label sets (and the folder LABELS_FILE).
+    ``record`` (``split_record``) is written into the folder before it is renamed into place."""
     from litdata.streaming.writer import BinaryWriter
 
     partial = os.path.join(os.path.dirname(split_dir), f".{os.path.basename(split_dir)}.partial")
@@ -157,14 +172,133 @@ def write_split(ds, indices: list[int], split_dir: str, *, shard_size: str, shuf
     writer.merge()
     if num_classes is not None:
         write_label_sets(os.path.join(partial, LABELS_FILE), label_sets)
+    if record is not None:
+        atomic_write_json(os.path.join(partial, RECORD_FILE), record)
     os.replace(partial, split_dir)
 
 
-def make_shards(dm: ClassificationDataModule, out: str, *, shard_size: str = "64MB", seed: int = 0) -> dict:
-    """Convert ``dm``'s train/val/test splits to shards under ``out``; returns the index written."""
+def split_record(ds, indices: list[int], *, multilabel: bool, num_classes: int, seed: int | None,
+                 shard_size: str, settings: dict | None = None) -> dict:
+    """What the bytes of a split written from ``ds[indices]`` are a function of (the keys of COMPARED):
+    a digest of its items in source order (each image as its file's path, size and modification time,
+    the identity the decode cache also trusts, or, held in memory, as its pixels; and its label or label
+    set), their count, the training order's seed (None: the source order), the chunk size and the item
+    layout. ``settings`` (the data config that chose the items) only explains a changed digest."""
+    digest = hashlib.sha256()
+    samples = getattr(ds, "samples", None)  # files: stat them, do not read them
+    targets = _targets(ds) if multilabel else None
+    for i in indices:
+        if samples is not None:
+            path = samples[i][0]
+            st = os.stat(path)
+            digest.update(f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+            label = None if multilabel else _label(ds, i)
+        else:
+            image, label = ds[i]
+            digest.update(_pixel_bytes(image))
+        if multilabel:
+            label = np.flatnonzero(np.asarray(targets[i]) > 0.5).tolist()
+        digest.update(f"{json.dumps(int(label) if not multilabel else label)}\n".encode())
+    return {"version": RECORD_VERSION, "task": "multilabel" if multilabel else "multiclass", "num_classes": num_classes,
+            "count": len(indices), "items": f"sha256:{digest.hexdigest()}", "seed": seed, "shard_size": str(shard_size),
+            "settings": settings}  # fmt: skip
+
+
+def _pixel_bytes(image) -> bytes:
+    """An in-memory image's pixels with their shape and type (so a reshape or a mode change digests apart)."""
+    if isinstance(image, Image.Image):
+        return f"{image.mode}{image.size}".encode() + image.tobytes()
+    array = np.ascontiguousarray(image.numpy() if isinstance(image, Tensor) else np.asarray(image))
+    return f"{array.dtype}{array.shape}".encode() + array.tobytes()
+
+
+def _read_record(split_dir: str) -> dict | None:
+    try:
+        with open(os.path.join(split_dir, RECORD_FILE)) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _differences(old: dict, new: dict) -> str:
+    """What changed between two split records, in the user's terms."""
+    if old.get("version") != new["version"]:
+        return "a record of another make_shards version"
+    said = []
+    if old.get("task") != new["task"]:
+        said.append(f"{old.get('task')} items, now {new['task']}")
+    if old.get("count") != new["count"] or old.get("items") != new["items"] or old.get("num_classes") != new["num_classes"]:
+        before, now = _flat(old.get("settings")), _flat(new.get("settings"))
+        changed = [f"{k} {before.get(k)} -> {now.get(k)}" for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+        which = f"{', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}" if changed and before else ""
+        counts = f"{old.get('count')} images, now {new['count']}" if old.get("count") != new["count"] else ""
+        said.append(f"other images or labels{' (' if counts or which else ''}{counts}{'; ' if counts and which else ''}"
+                    f"{which}{')' if counts or which else ''}")
+    for key in ("seed", "shard_size"):
+        if old.get(key) != new[key]:
+            said.append(f"{key} {old.get(key)} -> {new[key]}")
+    return ", ".join(said)
+
+
+def _flat(settings, prefix: str = "data") -> dict:
+    if not isinstance(settings, dict):
+        return {}
+    out = {}
+    for k, v in settings.items():
+        out.update(_flat(v, f"{prefix}.{k}") if isinstance(v, dict) else {f"{prefix}.{k}": v})
+    return out
+
+
+def _stale(split_dir: str, record: dict | None, multilabel: bool) -> str | None:
+    """Why the split folder ``split_dir`` (present) is not the one ``record`` describes (None: no items
+    now), or None when it is: complete, of the same items and settings. ConfigError for a folder that
+    make_shards did not write (no LitData index): that is never removed."""
+    if not os.path.isdir(split_dir) or not os.path.isfile(os.path.join(split_dir, "index.json")):
+        raise ConfigError(f"make_shards: {split_dir} is not a split make_shards wrote (no index.json) and would be "
+                          "replaced; choose an empty folder or earlier shards for out=")
+    if record is None:
+        return "no images now"
+    old = _read_record(split_dir)
+    if old is None:
+        return "written by an earlier make_shards, which kept no record of its items and settings"
+    why = _differences(old, record)
+    if why:
+        return why
+    if _complete_count(split_dir, multilabel=multilabel) != record["count"]:
+        return f"its chunks do not hold the {record['count']} images of its record"
+    return None
+
+
+def make_shards(dm: ClassificationDataModule, out: str, *, shard_size: str = "64MB", seed: int = 0,
+                overwrite: bool = False, settings: dict | None = None) -> dict:
+    """Convert ``dm``'s train/val/test splits to shards under ``out``; returns the index written.
+
+    Splits already in ``out`` are kept when written from the same items with the same settings
+    (``split_record``); any other is a ConfigError naming it before anything is written, or with
+    ``overwrite`` written again. ``settings``: the data config, stored to name what changed next time."""
     os.makedirs(out, exist_ok=True)
     multilabel = bool(getattr(dm, "multilabel", False))  # an image folder with a labels file
     splits = _source_splits(dm)
+    records = {split: split_record(ds, indices, multilabel=multilabel, num_classes=dm.num_classes,
+                                   seed=seed if split == "train" else None, shard_size=shard_size, settings=settings)
+               for split, (ds, indices) in splits.items() if indices}  # fmt: skip
+    present = [s for s in SPLITS if os.path.lexists(os.path.join(out, s))]
+    stale = {s: why for s in present if (why := _stale(os.path.join(out, s), records.get(s), multilabel))}
+    if stale and not overwrite:
+        by_why: dict[str, list[str]] = {}
+        for s, why in stale.items():
+            by_why.setdefault(why, []).append(f"{s}/")
+        raise ConfigError(f"out={out} holds shards written from other images or settings ("
+                          + "; ".join(f"{', '.join(names)}: {why}" for why, names in by_why.items())
+                          + "); add overwrite=true to write them again, or choose another out=")
+    if stale or any(s not in present for s in records):  # an interrupted rewrite must not find the old index
+        if os.path.isfile(os.path.join(out, INDEX_FILE)):
+            os.remove(os.path.join(out, INDEX_FILE))
+    for split, why in stale.items():
+        print(f"make_shards: {os.path.join(out, split)} was {why if why.startswith('written') else 'written from ' + why}"
+              f"; {'written again' if split in records else 'removed'} (overwrite=true)")
+        shutil.rmtree(os.path.join(out, split))
     index = {
         "format": MULTILABEL_FORMAT if multilabel else FORMAT_VERSION, "source": dm.info.name,
         "class_names": list(dm.class_names or []), "num_classes": dm.num_classes, "channels": dm.channels,
@@ -182,13 +316,14 @@ def make_shards(dm: ClassificationDataModule, out: str, *, shard_size: str = "64
                                        "unlabeled": 0} if multilabel else
                                       {"count": 0, "chunk_sizes": [], "class_counts": [0] * dm.num_classes})
             continue
-        if _complete_count(split_dir, multilabel=multilabel) == len(indices):
-            print(f"make_shards: {split_dir} is complete ({len(indices)} images), kept")
+        if os.path.isdir(split_dir):  # not stale: complete, from the same items and settings
+            print(f"make_shards: {split_dir} is complete ({len(indices)} images), kept: the same items and settings")
         else:
-            shutil.rmtree(split_dir, ignore_errors=True)
             write_split(ds, indices, split_dir, shard_size=shard_size, shuffle_seed=seed if split == "train" else None,
-                        desc=f"{split} -> {split_dir}", num_classes=dm.num_classes if multilabel else None)
-        meta = {"count": len(indices), "chunk_sizes": _chunk_sizes(split_dir)}
+                        desc=f"{split} -> {split_dir}", num_classes=dm.num_classes if multilabel else None,
+                        record=records[split])
+        meta = {"count": len(indices), "chunk_sizes": _chunk_sizes(split_dir),
+                "fingerprint": {k: records[split][k] for k in COMPARED}}
         if multilabel:
             targets = _targets(ds)[torch.as_tensor(indices, dtype=torch.long)] > 0.5  # (N, C)
             meta.update(positive_counts=targets.sum(0).tolist(), unlabeled=int((~targets.any(1)).sum()))
@@ -198,6 +333,16 @@ def make_shards(dm: ClassificationDataModule, out: str, *, shard_size: str = "64
         index["splits"][split] = meta
     atomic_write_json(os.path.join(out, INDEX_FILE), index)
     return index
+
+
+def _settings(data) -> dict | None:
+    """The data config as plain values (stored in each split's record, to name what changed on a re-run)."""
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_container(data, resolve=True)
+    except Exception:  # noqa: BLE001 - only an explanation: a value that does not resolve leaves it out
+        return None
 
 
 def _label(ds, i: int) -> int:
@@ -218,7 +363,6 @@ def make_shards_from_config(cfg) -> dict:
 
     from vitpipe.data.object_store import check_s3, is_s3, upload_tree
     from vitpipe.data.shards import _plain
-    from vitpipe.errors import ConfigError
 
     out = str(cfg.out)
     storage_options = _plain(cfg.get("storage_options"))
@@ -232,7 +376,8 @@ def make_shards_from_config(cfg) -> dict:
         raise ConfigError(f"data={cfg.data._target_}: make_shards converts classification data sets only")
     local = tempfile.mkdtemp(prefix="vitpipe-shards-upload-") if is_s3(out) else os.path.abspath(out)
     try:
-        index = make_shards(dm, local, shard_size=str(cfg.shard_size), seed=int(cfg.seed))
+        index = make_shards(dm, local, shard_size=str(cfg.shard_size), seed=int(cfg.seed),
+                            overwrite=bool(cfg.get("overwrite", False)), settings=_settings(cfg.data))
         if is_s3(out):
             last = tuple(f"{split}/index.json" for split in SPLITS) + (INDEX_FILE,)
             upload_tree(local, out, storage_options, last=last)
