@@ -18,6 +18,7 @@ from torch import Tensor
 from torchmetrics.functional.classification import binary_calibration_error
 
 from vitpipe.run.files import atomic_write_text
+from vitpipe.run.jsonfiles import read_json
 from vitpipe.run.paths import run_dir_of
 
 N_BINS = 15
@@ -107,7 +108,7 @@ def _read(path: Path) -> dict:
     from vitpipe.errors import ConfigError
 
     try:
-        record = json.loads(path.read_text())
+        record = read_json(path)  # bounded: a file nested 1,000 deep is one line, not a RecursionError
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot read {path}: {e}; fix or remove it") from None
     if not isinstance(record, dict):

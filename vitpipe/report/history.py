@@ -8,13 +8,12 @@ epochs at or after the resumed one are replaced rather than duplicated.
 
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
+from vitpipe.run.csvfiles import dict_csv_text, read_csv_dicts
 from vitpipe.run.files import atomic_write_text
 
 HISTORY_FILE = "history.csv"
@@ -80,12 +79,8 @@ def history_csv(rows: list[dict[str, float]]) -> str:
     """The rows as CSV text: epoch, step, lr first, then the metric columns sorted."""
     keys = {k for r in rows for k in r}
     columns = [k for k in FIRST if k in keys] + sorted(keys - set(FIRST))
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns, restval="", lineterminator="\n")
-    writer.writeheader()
-    for r in sorted(rows, key=lambda r: r["epoch"]):
-        writer.writerow({k: (int(v) if k in ("epoch", "step") else f"{v:.6g}") for k, v in r.items()})
-    return buf.getvalue()
+    return dict_csv_text(({k: (int(v) if k in ("epoch", "step") else f"{v:.6g}") for k, v in r.items()}
+                          for r in sorted(rows, key=lambda r: r["epoch"])), columns)
 
 
 def read_history(path: Path) -> list[dict[str, float]]:
@@ -93,5 +88,4 @@ def read_history(path: Path) -> list[dict[str, float]]:
     path = Path(path)
     if not path.is_file():
         return []
-    with path.open(newline="") as f:
-        return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+    return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in read_csv_dicts(path)]

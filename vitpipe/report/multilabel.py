@@ -18,8 +18,6 @@ to the checkpoint it names only.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 from dataclasses import dataclass
@@ -29,7 +27,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vitpipe.run.csvfiles import csv_text, read_csv, read_csv_dicts, read_header, write_csv
 from vitpipe.run.files import atomic_write_text
+from vitpipe.run.jsonfiles import read_json
 
 THRESHOLDS_FILE = "thresholds.json"
 
@@ -57,18 +57,17 @@ class MultilabelPredictions:
                    [paths[i] for i in order.tolist()] if paths else None, threshold)
 
     def to_csv(self, class_names: list[str]) -> str:
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(["index"] + (["path"] if self.paths else []) + ["labels", "predicted"]
-                   + [f"score:{n}" for n in class_names] + [f"true:{n}" for n in class_names])
+        header = (["index"] + (["path"] if self.paths else []) + ["labels", "predicted"]
+                  + [f"score:{n}" for n in class_names] + [f"true:{n}" for n in class_names])
         pred = self.scores >= self.threshold
+        rows = []
         for k in range(len(self.index)):
             true = self.target[k].tolist()
-            w.writerow([int(self.index[k])] + ([self.paths[k]] if self.paths else [])
-                       + [";".join(n for n, t in zip(class_names, true) if t),
-                          ";".join(n for n, p in zip(class_names, pred[k].tolist()) if p)]
-                       + [repr(s) for s in self.scores[k].tolist()] + [int(t) for t in true])
-        return buf.getvalue()
+            rows.append([int(self.index[k])] + ([self.paths[k]] if self.paths else [])
+                        + [";".join(n for n, t in zip(class_names, true) if t),
+                           ";".join(n for n, p in zip(class_names, pred[k].tolist()) if p)]
+                        + [repr(s) for s in self.scores[k].tolist()] + [int(t) for t in true])
+        return csv_text(rows, header)
 
     def write(self, path: Path, class_names: list[str]) -> Path:
         atomic_write_text(Path(path), self.to_csv(class_names))
@@ -77,10 +76,7 @@ class MultilabelPredictions:
 
 def read_multilabel_predictions(path: Path) -> tuple[list[str], np.ndarray, np.ndarray]:
     """predictions.csv -> (class names, scores (N, C) float64, targets (N, C) int)."""
-    with Path(path).open(newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader)
-        rows = list(reader)
+    header, *rows = read_csv(path)
     score_cols = [i for i, h in enumerate(header) if h.startswith("score:")]
     true_cols = [i for i, h in enumerate(header) if h.startswith("true:")]
     names = [header[i].removeprefix("score:") for i in score_cols]
@@ -90,8 +86,7 @@ def read_multilabel_predictions(path: Path) -> tuple[list[str], np.ndarray, np.n
 
 
 def is_multilabel_file(path: Path) -> bool:
-    with Path(path).open(newline="") as f:
-        return any(h.startswith("score:") for h in next(csv.reader(f), []))
+    return any(h.startswith("score:") for h in read_header(path))
 
 
 # --------------------------------------------------------------------------- per-class report
@@ -158,19 +153,13 @@ def co_occurrence(multi_hot: np.ndarray) -> np.ndarray:
 
 def co_occurrence_csv(true: np.ndarray, pred: np.ndarray, names: list[str]) -> str:
     """Both matrices in one table: ``matrix`` (true | predicted), ``class`` (row), one column per class."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["matrix", "class"] + list(names))
-    for kind, m in (("true", true), ("predicted", pred)):
-        for n, row in zip(names, m.tolist()):
-            w.writerow([kind, n] + [int(v) for v in row])
-    return buf.getvalue()
+    return csv_text(([kind, n] + [int(v) for v in row] for kind, m in (("true", true), ("predicted", pred))
+                     for n, row in zip(names, m.tolist())), ["matrix", "class"] + list(names))
 
 
 def read_co_occurrence(path: Path) -> dict[str, np.ndarray]:
     """co_occurrence.csv -> {"true": (C, C), "predicted": (C, C)} int64."""
-    with Path(path).open(newline="") as f:
-        rows = list(csv.reader(f))[1:]
+    rows = read_csv(path)[1:]
     return {kind: np.array([[int(v) for v in r[2:]] for r in rows if r[0] == kind], dtype=np.int64)
             for kind in ("true", "predicted")}
 
@@ -221,12 +210,9 @@ def write_multilabel_report(run_dir: Path, *, threshold, metrics: dict[str, floa
     per_class = len(set(t.tolist())) > 1
     per = per_class_scores(scores, target, t)
     out = run_dir / "report"
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["class", "ap", "f1", "precision", "recall", "support"])
-    for k, n in enumerate(names):
-        w.writerow([n] + [f"{float(per[m][k]):.6g}" for m in ("ap", "f1", "precision", "recall")] + [int(per["support"][k])])
-    atomic_write_text(out / "per_class.csv", buf.getvalue())
+    write_csv(out / "per_class.csv", ([n] + [f"{float(per[m][k]):.6g}" for m in ("ap", "f1", "precision", "recall")]
+                                      + [int(per["support"][k])] for k, n in enumerate(names)),
+              ["class", "ap", "f1", "precision", "recall", "support"])
     pred = (scores >= t).astype(np.int64)
     true_co, pred_co = co_occurrence(target), co_occurrence(pred)
     atomic_write_text(out / "co_occurrence.csv", co_occurrence_csv(true_co, pred_co, names))
@@ -292,8 +278,7 @@ def write_multilabel_report(run_dir: Path, *, threshold, metrics: dict[str, floa
 
 def _read_index(path: Path) -> list[int]:
     """predictions.csv's ``index`` column: each row's index in the evaluated data set."""
-    with Path(path).open(newline="") as f:
-        return [int(r["index"]) for r in csv.DictReader(f)]
+    return [int(r["index"]) for r in read_csv_dicts(path)]
 
 
 # --------------------------------------------------------------------------- thresholds
@@ -342,7 +327,7 @@ def find_thresholds(ckpt_path: Path, checkpoint: dict, names: list[str]) -> tupl
     if not path.is_file():
         return None, None
     try:
-        record = json.loads(path.read_text())
+        record = read_json(path)  # bounded: a file nested 1,000 deep is one line, not a RecursionError
         table = record["thresholds"]
         values = [float(table[n]) for n in names]
     except (OSError, ValueError, KeyError, TypeError) as e:

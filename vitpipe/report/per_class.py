@@ -6,8 +6,6 @@ predicted has precision 0, one that never occurs has recall 0 and support 0.
 
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
 
 import torch
@@ -19,7 +17,7 @@ from torchmetrics.functional.classification import (
     multiclass_recall,
 )
 
-from vitpipe.run.files import atomic_write_text
+from vitpipe.run.csvfiles import write_csv
 
 
 def per_class_metrics(target: Tensor, pred: Tensor, num_classes: int) -> dict[str, Tensor]:
@@ -45,22 +43,11 @@ def row_normalise(counts: Tensor) -> Tensor:
 
 
 def write_per_class(path: Path, metrics: dict[str, Tensor], class_names: list[str]) -> Path:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["class", "name", "precision", "recall", "f1", "support"])
-    for c, name in enumerate(class_names):
-        w.writerow([c, name, *(f"{float(metrics[k][c]):.6g}" for k in ("precision", "recall", "f1")),
-                    int(metrics["support"][c])])
-    atomic_write_text(Path(path), buf.getvalue())
-    return Path(path)
+    rows = ([c, name, *(f"{float(metrics[k][c]):.6g}" for k in ("precision", "recall", "f1")), int(metrics["support"][c])]
+            for c, name in enumerate(class_names))
+    return write_csv(path, rows, ["class", "name", "precision", "recall", "f1", "support"])
 
 
 def write_confusion(path: Path, counts: Tensor, class_names: list[str]) -> Path:
     """Counts as CSV: header ``true\\pred, <names>``, one row per true class."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["true\\pred", *class_names])
-    for name, row in zip(class_names, counts.tolist()):
-        w.writerow([name, *row])
-    atomic_write_text(Path(path), buf.getvalue())
-    return Path(path)
+    return write_csv(path, ([name, *row] for name, row in zip(class_names, counts.tolist())), ["true\\pred", *class_names])

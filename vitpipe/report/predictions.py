@@ -10,8 +10,6 @@ instead of writing a wrong file.
 
 from __future__ import annotations
 
-import csv
-import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from torch import Tensor, nn
 from vitpipe.report.calibration import expected_calibration_error
 from vitpipe.report.multilabel import MultilabelPredictions
 from vitpipe.report.samples import dataset_targets, sample_path
+from vitpipe.run.csvfiles import csv_text, read_csv_dicts
 from vitpipe.run.files import atomic_write_text
 
 PREDICTIONS_FILE = "predictions.csv"
@@ -59,17 +58,16 @@ class Predictions:
         return expected_calibration_error(self.prob, self.correct)
 
     def to_csv(self, class_names: list[str] | None = None) -> str:
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
         names = class_names is not None
-        w.writerow(["index"] + (["path"] if self.paths else []) + ["target", "pred", "prob", "prob_target"]
-                   + (["target_name", "pred_name"] if names else []))
+        header = (["index"] + (["path"] if self.paths else []) + ["target", "pred", "prob", "prob_target"]
+                  + (["target_name", "pred_name"] if names else []))
+        rows = []
         for k in range(len(self.index)):
             t, p = int(self.target[k]), int(self.pred[k])
-            w.writerow([int(self.index[k])] + ([self.paths[k]] if self.paths else [])
-                       + [t, p, f"{float(self.prob[k]):.6g}", f"{float(self.prob_target[k]):.6g}"]
-                       + ([class_names[t], class_names[p]] if names else []))
-        return buf.getvalue()
+            rows.append([int(self.index[k])] + ([self.paths[k]] if self.paths else [])
+                        + [t, p, f"{float(self.prob[k]):.6g}", f"{float(self.prob_target[k]):.6g}"]
+                        + ([class_names[t], class_names[p]] if names else []))
+        return csv_text(rows, header)  # names and paths as cells a spreadsheet shows, never evaluates
 
     def write(self, path: Path, class_names: list[str] | None = None) -> Path:
         atomic_write_text(Path(path), self.to_csv(class_names))
@@ -78,8 +76,7 @@ class Predictions:
 
 def read_predictions(path: Path) -> Predictions:
     """predictions.csv -> Predictions (no logits: the file holds what the report needs)."""
-    with Path(path).open(newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv_dicts(path)
 
     def col(name, dtype):
         return torch.tensor([dtype(r[name]) for r in rows], dtype=torch.long if dtype is int else torch.float64)

@@ -15,9 +15,6 @@ the end; ``scripts/sweep_report.py <sweep_dir>`` rebuilds them from the job fold
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
 import statistics
 from pathlib import Path
@@ -27,7 +24,9 @@ from hydra.experimental.callback import Callback
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from vitpipe.run.csvfiles import dict_csv_text
 from vitpipe.run.files import atomic_write_text
+from vitpipe.run.jsonfiles import read_json
 
 SLURM_STATE = ".slurm_state"  # hydra_plugins/vitpipe_slurm: the SLURM state of a job that left no result
 METRIC_ORDER = ("val/acc_best", "test/acc", "test/acc_top5", "test/loss", "val/cider_best", "test/bleu4", "test/cider")
@@ -45,7 +44,7 @@ def collect_jobs(sweep_dir: str | Path) -> list[dict]:
             row[key.lstrip("+~")] = value
         metrics_file = job / "metrics.json"
         if metrics_file.is_file():
-            row.update({k: v for k, v in json.loads(metrics_file.read_text()).items() if not _bookkeeping(k)})
+            row.update({k: v for k, v in read_json(metrics_file).items() if not _bookkeeping(k)})
             row["status"] = "done"
         elif (job / SLURM_STATE).is_file():  # written by vitpipe's SLURM launcher: CANCELLED, TIMEOUT, ...
             row["status"] = (job / SLURM_STATE).read_text().strip().lower() or "incomplete"
@@ -121,11 +120,8 @@ def write_summary(sweep_dir: str | Path, metric: str | None = None) -> list[dict
         return rows
     varying, fixed, metrics = split_columns(rows)
     cols = ["job", *varying, *fixed, *metrics, "status"]
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows({c: fmt(r.get(c), 4 if c in metrics else 3) for c in cols} for r in rows)
-    atomic_write_text(sweep_dir / "summary.csv", buf.getvalue())
+    atomic_write_text(sweep_dir / "summary.csv",  # overrides as cells a spreadsheet shows, never evaluates
+                      dict_csv_text(({c: fmt(r.get(c), 4 if c in metrics else 3) for c in cols} for r in rows), cols))
 
     metric = metric if metric in metrics else next(iter(metrics), None)
     figures = []
@@ -149,12 +145,9 @@ def write_summary(sweep_dir: str | Path, metric: str | None = None) -> list[dict
         others = [p for p in varying if p != "seed"]
         seed_cols = [*others, "seeds", *(m for m in metrics if any(m in g for g in groups))]
         cells = [{c: mean_std(g[c]) if c in metrics else g.get(c, "") for c in seed_cols} for g in groups]
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=seed_cols, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows({c: (" ".join(fmt(v, 4) for v in g[c][:2]) if c in metrics else g.get(c, ""))
-                          for c in seed_cols} for g in groups)  # mean std
-        atomic_write_text(sweep_dir / "summary_seeds.csv", buf.getvalue())
+        atomic_write_text(sweep_dir / "summary_seeds.csv",
+                          dict_csv_text(({c: (" ".join(fmt(v, 4) for v in g[c][:2]) if c in metrics else g.get(c, ""))
+                                          for c in seed_cols} for g in groups), seed_cols))  # mean std
         md += ["", "Mean +- sample standard deviation over the seeds (finished jobs only):", "",
                "| " + " | ".join(seed_cols) + " |", "|" + "---|" * len(seed_cols)]
         md += ["| " + " | ".join(row[c] for c in seed_cols) + " |" for row in cells]

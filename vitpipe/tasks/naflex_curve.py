@@ -26,14 +26,13 @@ each command's output goes to ``<run log dir>/<step>.log``.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+from vitpipe.run.csvfiles import dict_csv_text
 from vitpipe.run.files import atomic_write_text, save_figure
 
 PATCH = 4
@@ -120,11 +119,7 @@ def curve(out: Path, *, grids: list[int], epochs: int, train_per_class: int, see
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=["model", "trained_tokens", "tokens", "test_acc"], lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    atomic_write_text(path, buf.getvalue())
+    atomic_write_text(path, dict_csv_text(rows, ["model", "trained_tokens", "tokens", "test_acc"]))
 
 
 def plot(rows: list[dict], path: Path, *, title: str) -> Path:

@@ -15,16 +15,15 @@ checkpoint -> network + the run's eval transform (``vitpipe.data.preprocess``) -
 * captioners: ``path,caption`` (the decoding settings the run validated with).
 
 CSV, or JSON (a list of the same rows) when ``out`` ends in ``.json``, written through a temporary
-file and a rename; ``out`` is checked (name, folder, permission) before the checkpoint or any image
+file and a rename (CSV cells a spreadsheet would run as formulas, a class named ``=...``, get a leading
+quote: ``vitpipe.run.csvfiles``); ``out`` is checked (name, folder, permission) before the checkpoint or any image
 is read, so a bad path never costs the predictions. A file that does not decode is named on stderr
 and skipped; the count is printed at the end.
 """
 
 from __future__ import annotations
 
-import csv
 import glob
-import io
 import json
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from vitpipe.data.images import is_image_file, open_image
 from vitpipe.data.preprocess import Preprocess, hflip_patches, naflex_settings
 from vitpipe.errors import ConfigError
 from vitpipe.report.tta import TTAS, tta_logits
+from vitpipe.run.csvfiles import dict_csv_text
 from vitpipe.run.files import atomic_write_text
 
 OUT_SUFFIXES = (".csv", ".json")
@@ -337,12 +337,8 @@ def write_rows(rows: list[dict], cols: list[str], out: Path) -> Path:
     if out.suffix.lower() == ".json":
         atomic_write_text(out, json.dumps(rows, indent=1) + "\n")
         return out
-    buf = io.StringIO(newline="")
-    writer = csv.DictWriter(buf, fieldnames=cols)
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: cell(v) for k, v in row.items()})
-    atomic_write_text(out, buf.getvalue())
+    # class names and paths as cells a spreadsheet shows, never evaluates (vitpipe.run.csvfiles)
+    atomic_write_text(out, dict_csv_text(({k: cell(v) for k, v in row.items()} for row in rows), cols))
     return out
 
 

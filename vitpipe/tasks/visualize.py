@@ -18,8 +18,6 @@ by deletion / insertion AUC (vitpipe.viz.faithfulness), prints the table and wri
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import textwrap
 from dataclasses import dataclass
@@ -40,6 +38,7 @@ from vitpipe.data.preprocess import naflex_settings
 from vitpipe.errors import ConfigError
 from vitpipe.models.vit import ViT
 from vitpipe.run.checkpoint import load_checkpoint, rebuild
+from vitpipe.run.csvfiles import dict_csv_text
 from vitpipe.run.files import atomic_write_text
 from vitpipe.run.paths import resolve_ckpt_path
 from vitpipe.viz.faithfulness import FILLS, check_steps, faithfulness_table, format_table
@@ -437,13 +436,10 @@ def write_faithfulness(net, x: Tensor, out: Path, cfg: DictConfig, device: torch
     print(f"faithfulness (fill={cfg.get('faithfulness_fill', 'mean')}; the probability of the predicted class as "
           "patches are deleted / inserted in each map's order):")
     print(format_table(rows))
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=[*rows[0], "fill"], lineterminator="\n")
-    writer.writeheader()
-    writer.writerows({**r, "deletion_auc": f"{r['deletion_auc']:.4f}", "insertion_auc": f"{r['insertion_auc']:.4f}",
-                      "fill": cfg.get("faithfulness_fill", "mean")} for r in rows)
+    text = dict_csv_text(({**r, "deletion_auc": f"{r['deletion_auc']:.4f}", "insertion_auc": f"{r['insertion_auc']:.4f}",
+                           "fill": cfg.get("faithfulness_fill", "mean")} for r in rows), [*rows[0], "fill"])
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "faithfulness.csv", buf.getvalue())
+    atomic_write_text(out / "faithfulness.csv", text)
     return out / "faithfulness.csv"
 
 
