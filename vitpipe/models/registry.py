@@ -4,9 +4,13 @@
 overrides. Dimensions follow timm/the ViT paper; the ``*4`` variants use 4-px patches for
 28-32 px images (CIFAR, Fashion-MNIST), where 16-px patches would leave a 2x2 grid.
 
-The Hydra model configs read the same table: conf/model/vit.yaml takes a variant's values through
-``${variant:${.name},depth}`` (``register_resolvers``), so a new variant is one line here plus a
-two-line conf/model/<name>.yaml (``defaults: [vit]``, ``name: <name>``).
+This table is the one owner of what a name means. A row holds every constructor value in which the
+variant departs from ``ViT``'s defaults (its dimensions, and e.g. vit_nano's fixed positions or the
+big variants' stochastic depth), and ``variant_kwargs(name)`` is the whole set. The Hydra model
+configs read it: conf/model/vit.yaml takes every ViT argument through ``${variant:${.name},<key>}``
+(``register_resolvers``), so ``model=vit_nano`` builds what ``create_model("vit_nano")`` builds, and
+a new variant is one line here plus a two-line conf/model/<name>.yaml (``defaults: [vit]``,
+``name: <name>``).
 
 MAE variants (``create_mae``) name their encoder's row here and add only the decoder and loss, so
 ``mae_vit_b16``'s encoder is ``vit_b16``'s dimensions and loads into a ``vit_b16`` classifier.
@@ -14,22 +18,25 @@ MAE variants (``create_mae``) name their encoder's row here and add only the dec
 
 from __future__ import annotations
 
+import inspect
+
 from vitpipe.models.mae import DEFAULT_DECODER, MaskedAutoencoderViT
 from vitpipe.models.vit import ViT
 
 VARIANTS: dict[str, dict] = {
-    # CPU-sized: the embedded default (8x8 digits, 2-px patches) and the tests
-    "vit_nano": dict(dim=64, depth=4, num_heads=4, patch_size=2, img_size=8),
+    # CPU-sized: the embedded default (8x8 digits, 2-px patches) and the tests.
+    # nano: fixed positions, 1.4k 8x8 digits are too few to learn a table
+    "vit_nano": dict(dim=64, depth=4, num_heads=4, patch_size=2, img_size=8, pos_embed="sincos2d"),
     "vit_micro": dict(dim=64, depth=4, num_heads=4, patch_size=4, img_size=32),
-    # small images (28-32 px)
-    "vit_ti4": dict(dim=192, depth=12, num_heads=3, patch_size=4, img_size=32),
-    "vit_s4": dict(dim=384, depth=12, num_heads=6, patch_size=4, img_size=32),
-    # ImageNet sizes (timm's vit_{tiny,small,base,large}_patch16_224, vit_huge_patch14_224)
+    # small images (28-32 px), trained from scratch with stochastic depth 0.1 (DeiT)
+    "vit_ti4": dict(dim=192, depth=12, num_heads=3, patch_size=4, img_size=32, drop_path_rate=0.1),
+    "vit_s4": dict(dim=384, depth=12, num_heads=6, patch_size=4, img_size=32, drop_path_rate=0.1),
+    # ImageNet sizes (timm's vit_{tiny,small,base,large}_patch16_224, vit_huge_patch14_224); B, L, H with stochastic depth
     "vit_ti16": dict(dim=192, depth=12, num_heads=3, patch_size=16, img_size=224),
     "vit_s16": dict(dim=384, depth=12, num_heads=6, patch_size=16, img_size=224),
-    "vit_b16": dict(dim=768, depth=12, num_heads=12, patch_size=16, img_size=224),
-    "vit_l16": dict(dim=1024, depth=24, num_heads=16, patch_size=16, img_size=224),
-    "vit_h14": dict(dim=1280, depth=32, num_heads=16, patch_size=14, img_size=224),
+    "vit_b16": dict(dim=768, depth=12, num_heads=12, patch_size=16, img_size=224, drop_path_rate=0.1),
+    "vit_l16": dict(dim=1024, depth=24, num_heads=16, patch_size=16, img_size=224, drop_path_rate=0.1),
+    "vit_h14": dict(dim=1280, depth=32, num_heads=16, patch_size=14, img_size=224, drop_path_rate=0.1),
 }
 
 # the timm model whose pretrained weights fit each variant (``pretrained=True``)
@@ -87,14 +94,26 @@ def list_models() -> list[str]:
     return list(VARIANTS)
 
 
+def _defaults(builder) -> dict:
+    return {n: p.default for n, p in inspect.signature(builder).parameters.items() if p.default is not p.empty}
+
+
+def variant_kwargs(name: str) -> dict:
+    """Every constructor argument variant ``name`` builds with: ``ViT``'s defaults and the row of VARIANTS
+    over them (for an MAE variant, ``MaskedAutoencoderViT``'s defaults and ``mae_kwargs(name)``)."""
+    if name in VARIANTS:
+        return {**_defaults(ViT), **VARIANTS[name]}
+    if name in MAE_VARIANTS:
+        return {**_defaults(MaskedAutoencoderViT), **mae_kwargs(name)}
+    raise ValueError(f"unknown model.name={name!r}; valid choices: {', '.join([*VARIANTS, *MAE_VARIANTS])}")
+
+
 def variant_value(name: str, key: str):
-    """``VARIANTS[name][key]``: the ``${variant:<name>,<key>}`` resolver of conf/model/vit.yaml; for an MAE
-    variant, ``mae_kwargs(name)[key]`` (embed_dim, depth, ..., decoder_embed_dim, norm_pix_loss)."""
-    if name not in VARIANTS and name not in MAE_VARIANTS:
-        raise ValueError(f"unknown model.name={name!r}; valid choices: {', '.join([*VARIANTS, *MAE_VARIANTS])}")
-    table = VARIANTS[name] if name in VARIANTS else mae_kwargs(name)
+    """``variant_kwargs(name)[key]``: the ``${variant:<name>,<key>}`` resolver of conf/model/vit.yaml and
+    conf/model/mae.yaml, so a config's value is the one ``create_model(name)`` / ``create_mae(name)`` uses."""
+    table = variant_kwargs(name)
     if key not in table:
-        raise ValueError(f"variant {name} has no {key!r}; the table holds {', '.join(table)}")
+        raise ValueError(f"variant {name} has no {key!r}; its builder takes {', '.join(table)}")
     return table[key]
 
 
