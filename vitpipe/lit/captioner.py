@@ -21,6 +21,7 @@ from torchmetrics import MaxMetric, MeanMetric
 from vitpipe.errors import ConfigError
 from vitpipe.lit.nonfinite import NonFiniteGuard, check_policy
 from vitpipe.lit.optim import ConfiguredOptimizers
+from vitpipe.lit.reload import LoadsStoredRun
 from vitpipe.metrics import CaptionScores
 from vitpipe.models.captioner import Captioner
 from vitpipe.text.tokenizer import WordTokenizer
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 SCORE_KEYS = ("bleu1", "bleu2", "bleu3", "bleu4", "cider")
 
 
-class CaptionModule(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
+class CaptionModule(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
     """Args:
         net: a ``Captioner``.
         tokenizer: the data's ``WordTokenizer`` (``dm.module_kwargs()``); replaced by the one saved

@@ -31,6 +31,7 @@ from vitpipe.lit.finetune import FineTuning, add_probe_bn, check_finetune
 from vitpipe.lit.losses import check_loss, multilabel_loss
 from vitpipe.lit.nonfinite import NonFiniteGuard, NonFiniteLossError, check_policy
 from vitpipe.lit.optim import ConfiguredOptimizers, check_layer_decay
+from vitpipe.lit.reload import LoadsStoredRun
 from vitpipe.metrics.multilabel import MultilabelScores
 
 __all__ = ["ImageClassifier", "NonFiniteLossError"]
@@ -53,7 +54,7 @@ def check_task(task: str, loss: str | None, distill: dict | None) -> str:
     return "bce" if loss is None else loss
 
 
-class ImageClassifier(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
+class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
     """Cross-entropy classification with top-1/top-5 accuracy per split; with ``task="multilabel"``
     a sigmoid per class with mAP, F1, precision and recall (``vitpipe.metrics.multilabel``).
 

@@ -22,11 +22,12 @@ from torchmetrics import MeanMetric, MinMetric
 
 from vitpipe.lit.nonfinite import NonFiniteGuard, check_policy
 from vitpipe.lit.optim import ConfiguredOptimizers
+from vitpipe.lit.reload import LoadsStoredRun
 
 __all__ = ["MAEModule"]
 
 
-class MAEModule(NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
+class MAEModule(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
     """Masked-patch reconstruction loss per split: ``train/loss``, ``val/loss``, ``val/loss_best``, ``test/loss``.
 
     Args:

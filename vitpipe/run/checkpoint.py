@@ -329,3 +329,15 @@ def load_from_checkpoint(path) -> tuple[nn.Module, DictConfig, Any]:
     path = resolve_ckpt_path(path, which="best")
     run = rebuild(load_checkpoint(path), path)
     return run.net, run.cfg, run.datamodule
+
+
+def load_run(path, *, data: DictConfig | None = None, need_data: bool = False) -> Rebuilt:
+    """A stored run, ready for Lightning: ``vitpipe.load_run(path)``, the documented Python entry point.
+
+    ``path``: a checkpoint file or a run directory (its best checkpoint). Returns ``Rebuilt``: ``.module``
+    (the LightningModule, every weight loaded), ``.datamodule`` (constructed from the stored data config,
+    root under the current ``paths.data_dir``; None when it cannot be built here, unless ``need_data``),
+    ``.net`` (the network the run evaluated), ``.cfg`` and ``.class_names``. ``Trainer().test(run.module,
+    datamodule=run.datamodule)`` scores what the run's own test scored."""
+    path = resolve_ckpt_path(path, which="best")
+    return rebuild(load_checkpoint(path), path, data=data, need_data=need_data)
