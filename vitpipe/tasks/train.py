@@ -26,7 +26,7 @@ from vitpipe.config.build import (
 )
 from vitpipe.config.recipe import announce_recipe
 from vitpipe.errors import ConfigError
-from vitpipe.run.checkpoint import check_fits, load_checkpoint, resumable_by
+from vitpipe.run.checkpoint import check_fits, load_checkpoint
 from vitpipe.run.dirs import live
 from vitpipe.run.info import (
     ConfigInCheckpoint,
@@ -39,24 +39,16 @@ from vitpipe.run.info import (
 from vitpipe.run.paths import resolve_ckpt_path
 
 
-def build_data(cfg: DictConfig):
-    """The data module of ``cfg``, its files checked (present, or download on; an image folder's links)."""
-    dm = instantiate_checked(cfg.data, "data")
-    if hasattr(dm, "check"):
-        dm.check()  # the files exist (or download is on) before any model is built
-    return dm
-
-
-def build(cfg: DictConfig, *, checkpoint: dict | None = None, dm=None):
+def build(cfg: DictConfig, *, checkpoint: dict | None = None):
     """Instantiate (datamodule, net, module) from a composed config, validating on the way.
 
     With a ``checkpoint`` that carries a tokenizer (captioners), the data module decodes with the
-    vocabulary the model was trained with rather than one rebuilt from the data. ``dm``: the data module
-    ``build_data(cfg)`` gave, when the caller checked the data first.
+    vocabulary the model was trained with rather than one rebuilt from the data.
     """
     check_config(cfg)
-    if dm is None:
-        dm = build_data(cfg)
+    dm = instantiate_checked(cfg.data, "data")
+    if hasattr(dm, "check"):
+        dm.check()  # the files exist (or download is on) before any model is built
     if checkpoint is not None and "tokenizer" in checkpoint and hasattr(dm, "tokenizer"):
         from vitpipe.text.tokenizer import WordTokenizer
 
@@ -93,7 +85,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 def _train(cfg: DictConfig) -> dict[str, float]:
     check_config(cfg)  # first: a bad value (seed=-5 included) is one line before anything runs
-    dm = build_data(cfg)  # then the data's files (an image folder's links, a shard index): one line, no banner first
     L.seed_everything(cfg.seed, workers=True)
     check_device(cfg)
     announce_recipe(cfg)  # which conf/recipe/<model>_<data>.yaml this run merged, and what it set
@@ -108,7 +99,7 @@ def _train(cfg: DictConfig) -> dict[str, float]:
         trainer: L.Trainer = instantiate_checked(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False,
                                                  **slurm_plugins(cfg))
         apply_lr_scaling(cfg, trainer)  # needs the world size, which only the Trainer knows
-        dm, net, module = build(cfg, dm=dm)
+        dm, net, module = build(cfg)
         ckpt_path = resume_path(cfg, net)
         write_run_files(cfg, {})
         fit_s = None
@@ -150,8 +141,7 @@ def resume_path(cfg: DictConfig, net) -> str | None:
             return None
         _say(f"vitpipe: ckpt_path=auto: this run directory holds {path}; resuming from it")
     else:
-        path = resolve_ckpt_path(value, log_dir=Path(cfg.paths.log_dir) / cfg.task_name, which="last",
-                                 usable=resumable_by(net, cfg))  # last: the newest run of this task and model
+        path = resolve_ckpt_path(value, log_dir=Path(cfg.paths.log_dir) / cfg.task_name, which="last")
     checkpoint = load_checkpoint(path)
     check_fits(checkpoint["state_dict"], net, path)  # PreemptionCheckpoint prints the step when fit loads it
     return str(path)
