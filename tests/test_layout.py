@@ -11,8 +11,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # low to high; a module may import its own layer and those below it
 LAYERS = [
-    ("vitpipe.errors", "vitpipe.run.files",         # what every layer may use: the mistake, writing files,
-     "vitpipe.run.jsonfiles"),                      # reading handed JSON
+    ("vitpipe.errors", "vitpipe.run.files", "vitpipe.run.safeload",   # every layer: the mistake, writing files, safe loads,
+     "vitpipe.run.jsonfiles"),                                         # reading handed JSON
     ("vitpipe.nn",),                                  # building blocks: attention, positions, patches
     ("vitpipe.models", "vitpipe.text", "vitpipe.metrics"),
     ("vitpipe.data",),

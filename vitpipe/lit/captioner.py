@@ -179,5 +179,7 @@ def _gather(rows: list[dict]) -> list[dict]:
 
 def load_tokenizer(checkpoint_path: str | Path) -> WordTokenizer:
     """The tokenizer a captioning checkpoint was trained with."""
-    ckpt = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+    from vitpipe.run.safeload import safe_torch_load
+
+    ckpt = safe_torch_load(checkpoint_path)  # sizes bounded before anything inflates
     return WordTokenizer.from_state_dict(ckpt["tokenizer"])

@@ -159,6 +159,10 @@ def load_teacher(spec: str, *, num_classes: int, in_chans: int, arch: str | None
                               f"module.distill.arch (got {arch!r}), e.g. resnet18")
         teacher = timm.create_model(arch, num_classes=num_classes, in_chans=in_chans,
                                     **plain_kwargs(kwargs, "module.distill.kwargs"))  # fmt: skip
+        if path.suffix != ".safetensors":  # sizes bounded before timm's torch.load inflates anything
+            from vitpipe.run.safeload import check_archive
+
+            check_archive(path, what="module.distill.teacher file")
         try:  # weights_only spelled out: timm defaulted to False up to 1.0.24 (pickled code ran)
             state = timm.models.load_state_dict(str(path), weights_only=True)
         except Exception as err:  # a pickle that needs code to load, or a corrupt file

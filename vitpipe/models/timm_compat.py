@@ -26,6 +26,7 @@ from vitpipe.nn.pos_embed import (
     SinCosPosEmbed,
     resample_grid,
 )
+from vitpipe.run.safeload import safe_torch_load
 
 log = logging.getLogger(__name__)
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
@@ -317,7 +318,9 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
             from safetensors.torch import load_file
 
             return load_file(str(path))
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = safe_torch_load(path, what="weights file")  # sizes bounded before anything inflates
+    except ConfigError:
+        raise
     except Exception as e:  # corrupt file, or a pickle that needs code to run
         raise ConfigError(f"cannot read weights file {str(path)!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from e
     for key in ("state_dict", "model", "module"):

@@ -8,7 +8,8 @@ A checkpoint written by ``scripts/train.py`` holds
     tokenizer        captioners: the vocabulary the decoder was trained with
 
 A checkpoint is a file someone may hand us, so it is data, never code: it is read with
-``torch.load(weights_only=True)`` (no pickled object is rebuilt), and of its stored config only the
+``vitpipe.run.safeload.safe_torch_load`` (``weights_only=True``: no pickled object is rebuilt; the
+archive's declared sizes bounded before anything inflates), and of its stored config only the
 ``model``, ``data`` and ``module`` sections are used, after every ``_target_`` in them has been
 found in ``ALLOWED_TARGETS``. Where output goes, where data lives and how the Trainer, loggers and
 callbacks run always come from the current command line and its defaults, never from the file.
@@ -18,7 +19,6 @@ Which checkpoint ``ckpt_path`` means is ``vitpipe.run.paths.resolve_ckpt_path``.
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -30,7 +30,9 @@ from torch import nn
 
 from vitpipe.config.build import instantiate_checked
 from vitpipe.errors import ConfigError
-from vitpipe.run.paths import default_paths, resolve_ckpt_path, why_unreadable
+from vitpipe.run.paths import Usable, a_kind, default_paths, resolve_ckpt_path, run_config, run_kind, why_unreadable
+from vitpipe.run.safeload import safe_torch_load
+from vitpipe.run.stored import data_path, portable_data
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +70,9 @@ def load_checkpoint(path) -> dict:
     (``weights_only=True``); ConfigError, one sentence, for anything that is not a Lightning checkpoint."""
     path = Path(path)
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = safe_torch_load(path)  # the archive's declared sizes are bounded before anything inflates
+    except ConfigError:
+        raise
     except Exception as e:  # noqa: BLE001 - every failure becomes one sentence naming the file
         raise ConfigError(f"cannot read checkpoint {path}: {why_unreadable(path, e)}") from None
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
@@ -93,6 +97,31 @@ def check_fits(state_dict: dict, net: nn.Module, path) -> None:
         raise ConfigError(f"checkpoint {path} does not fit the configured model: "
                           f"{mismatch_summary(wrong, missing, unexpected, 'checkpoint', shapes=1)}; "
                           "use the model config the checkpoint was trained with")
+
+
+def resumable_by(net: nn.Module, cfg: DictConfig) -> Usable:
+    """A ``usable`` for train's ``ckpt_path=last``: runs of the same kind as ``cfg`` (``run_kind``: its module and
+    task, from the run's config.yaml) whose newest checkpoint has ``net``'s weights, key for key and shape for
+    shape (read memory-mapped: no weights are loaded), as ``check_fits`` then requires of the one chosen."""
+    want = run_kind(OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg)
+    own = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+
+    def usable(folder: Path) -> str | None:
+        kind = run_kind(run_config(folder))
+        if kind != want:
+            return f"is {a_kind(kind)} run, and this one trains {a_kind(want)}"
+        last = folder / "last.ckpt"
+        ckpts = [last] if last.is_file() else sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)[-1:]
+        try:
+            state = safe_torch_load(ckpts[-1], mmap=True)["state_dict"]
+            theirs = {k[len("net."):]: tuple(v.shape) for k, v in state.items() if k.startswith("net.")}
+        except Exception:  # noqa: BLE001 - an unreadable checkpoint fits nothing
+            return f"has a checkpoint {ckpts[-1].name} that cannot be read"
+        if theirs != own:
+            return "holds weights of another model than the configured one"
+        return None
+
+    return usable
 
 
 # --------------------------------------------------------------------------- the stored config
@@ -144,19 +173,10 @@ def _check_node(node, where: str, allowed: frozenset[str], path) -> None:
 
 
 def _stored_data(data: dict, stored_paths, data_dir: str, path) -> dict:
-    """The stored data section minus paths: its root moves under the current ``paths.data_dir``
-    (kept relative to the old data_dir when it was under it, e.g. coco/), and every other path
-    it names must stay inside that root."""
-    data = copy.deepcopy(data)
-    for key, value in data.items():
-        if key != "root" and isinstance(value, str) and _escapes(value):
-            raise ConfigError(f"refused checkpoint {path}: its stored data.{key}={value!r} points outside the "
-                              "data root")
-    for split, spec in (data.get("splits") or {}).items():
-        for key, value in (spec or {}).items() if isinstance(spec, dict) else ():
-            if isinstance(value, str) and _escapes(value):
-                raise ConfigError(f"refused checkpoint {path}: its stored data.splits.{split}.{key}={value!r} "
-                                  "points outside the data root")
+    """The stored data section as this machine reads it: its paths through the rule the writer used
+    (``vitpipe.run.stored.portable_data``), its root moved under the current ``paths.data_dir`` (kept
+    relative to the old data_dir when it was under it, e.g. coco/)."""
+    data = portable_data(data, reading=True)
     if data.get("root") is not None:
         old_dir = stored_paths.get("data_dir") if isinstance(stored_paths, dict) else None
         rel = None
@@ -165,14 +185,9 @@ def _stored_data(data: dict, stored_paths, data_dir: str, path) -> dict:
                 rel = PurePosixPath(str(data["root"])).relative_to(old_dir)
             except ValueError:
                 rel = None
-        keep = rel is not None and len(rel.parts) > 0 and not _escapes(str(rel))
+        keep = rel is not None and len(rel.parts) > 0 and data_path(str(rel), data_dir) is not None
         data["root"] = str(PurePosixPath(data_dir) / rel) if keep else data_dir
     return data
-
-
-def _escapes(value: str) -> bool:
-    p = PurePosixPath(value)
-    return value.startswith(("/", "~")) or ".." in p.parts
 
 
 # --------------------------------------------------------------------------- rebuilding

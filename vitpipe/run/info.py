@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from vitpipe.run.files import atomic_write_text
+from vitpipe.run.stored import stored_config
 
 
 class ConfigInCheckpoint(L.Callback):
@@ -27,7 +28,7 @@ class ConfigInCheckpoint(L.Callback):
         self.config: dict | None = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        self.config = OmegaConf.to_container(self.cfg, resolve=True)
+        self.config = stored_config(OmegaConf.to_container(self.cfg, resolve=True))  # data paths: vitpipe.run.stored
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         if self.config is None:
@@ -45,7 +46,9 @@ def output_dir(cfg: DictConfig) -> Path:
 @rank_zero_only
 def write_run_files(cfg: DictConfig, metrics: dict) -> None:
     out = output_dir(cfg)
-    atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    # the same rule as the config stored in checkpoints (ConfigInCheckpoint): the two stay equal
+    config = stored_config(OmegaConf.to_container(cfg, resolve=True))
+    atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(config)))
     if metrics:
         atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True) + "\n")
 

@@ -14,10 +14,14 @@ predict and export):
                                one line naming the files): no other file stands in for it. Eval,
                                visualize, predict and export use "best": the weights the run's own test used.
                  which="last": last.ckpt, the newest state (else the newest checkpoint). Train's resume.
-    last         the newest run under ``log_dir``, then as for a directory
+    last         the newest run under ``log_dir`` that the command can use, then as for a directory
 
 When a directory holds several runs (``last``, or e.g. ``logs/train/``), runs still being written
-(their process alive) are passed over, and the run chosen is printed (a sweep job is named as one).
+(their process alive) are passed over, and so are runs the command cannot use (``usable``, read
+cheaply from each run's config.yaml: train's resume takes a run of its own task and model, predict,
+serve, demo and visualize a classifier or captioner run, export a classifier run: ``ckpt_path=last``
+after an MAE pre-training run is the newest classifier run, not the MAE one). The run chosen is
+printed with its kind and what was passed over (a sweep job is named as one); none fitting is one line.
 
 ``run_dir_of`` is the one place that maps a checkpoint to its run directory (``<run>/checkpoints/x.ckpt``
 -> ``<run>``: its history.csv, calibration.json, config.yaml); ``default_paths`` is
@@ -28,14 +32,15 @@ from __future__ import annotations
 
 import pickle
 import re
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
-import torch
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from vitpipe.errors import ConfigError
 from vitpipe.run.dirs import is_live
+from vitpipe.run.safeload import safe_torch_load
 
 CHECKPOINTS = "checkpoints"  # <run>/checkpoints/: ModelCheckpoint's dirpath in conf/callbacks/default.yaml
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the checkout's Hydra configs
@@ -52,9 +57,11 @@ def default_paths() -> DictConfig:
     return OmegaConf.create(OmegaConf.to_container(OmegaConf.create({"paths": paths}), resolve=True)["paths"])
 
 
-def resolve_ckpt_path(value, *, log_dir=None, which: str = "best") -> Path:
+def resolve_ckpt_path(value, *, log_dir=None, which: str = "best", usable: Usable | None = None) -> Path:
     """The checkpoint file ``value`` (a file, a run directory or ``last``) means; see the module
-    docstring for the rule. ``log_dir``: where ``last`` looks. Raises ConfigError."""
+    docstring for the rule. ``log_dir``: where ``last`` looks. ``usable``: where a search picks among
+    several runs, ``usable(checkpoint folder)`` says why a run does not fit this command (None: it fits;
+    e.g. ``needs_kinds``), and the newest run that fits is taken. Raises ConfigError."""
     if which not in ("best", "last"):
         raise ValueError(f"which={which!r}; valid choices: best, last")
     if value is None or str(value) == "":
@@ -62,7 +69,7 @@ def resolve_ckpt_path(value, *, log_dir=None, which: str = "best") -> Path:
     if str(value) == "last":
         if log_dir is None:
             raise ConfigError("ckpt_path=last needs a log directory to search; pass a .ckpt file or a run directory")
-        run = _newest_run(Path(log_dir), what="ckpt_path=last")
+        run = _newest_run(Path(log_dir), what="ckpt_path=last", usable=usable)
         if run is None:
             raise ConfigError(f"ckpt_path=last: no checkpoint under {log_dir}; pass ckpt_path=<file or run dir>")
         return _pick(run, which, "ckpt_path=last")
@@ -70,7 +77,7 @@ def resolve_ckpt_path(value, *, log_dir=None, which: str = "best") -> Path:
     if path.is_file():
         return path
     if path.is_dir():
-        run = _newest_run(path, what=f"ckpt_path={value}")
+        run = _newest_run(path, what=f"ckpt_path={value}", usable=usable)
         if run is None:
             raise ConfigError(f"ckpt_path={value}: that directory holds no .ckpt file; "
                               "pass a checkpoint file or a run directory")
@@ -86,10 +93,11 @@ def run_dir_of(path) -> Path:
     return folder.parent if folder.name == CHECKPOINTS else folder
 
 
-def _newest_run(root: Path, *, what: str) -> Path | None:
+def _newest_run(root: Path, *, what: str, usable: Usable | None = None) -> Path | None:
     """The checkpoint folder of ``root``'s newest run, or None. When ``root`` holds several runs, runs
-    whose process is still alive (``vitpipe.run.dirs.is_live``) are passed over, and the choice is
-    printed (always for ``last``): which run, whether it is a sweep job, what was skipped."""
+    whose process is still alive (``vitpipe.run.dirs.is_live``) are passed over, and so are runs that
+    ``usable`` says this command cannot use (another task or model); the choice is printed (always for
+    ``last``): which run, whether it is a sweep job, what was skipped. No run fits: ConfigError, one line."""
     found = [p for p in root.rglob("*.ckpt") if p.is_file()]
     if not found:
         return None
@@ -106,11 +114,83 @@ def _newest_run(root: Path, *, what: str) -> Path | None:
     if not done:
         raise ConfigError(f"{what}: every run under {root} is still running ({run_dir_of(alive[0])} is the newest); "
                           f"pass ckpt_path=<its run dir or a .ckpt file> to use a live run's checkpoint anyway")
-    run = run_dir_of(done[0])
+    misfits: list[tuple[Path, str]] = []  # (newer run passed over, why), newest first
+    chosen = None
+    for folder in done:
+        why = usable(folder) if usable is not None else None
+        if why is None:
+            chosen = folder
+            break
+        misfits.append((folder, why))
+    if chosen is None:
+        newest, why = misfits[0]
+        raise ConfigError(f"{what}: none of the {len(done)} finished run(s) under {root} fits this command; the newest, "
+                          f"{run_dir_of(newest)}, {why}; pass ckpt_path=<a run dir or .ckpt file that fits>")
+    run = run_dir_of(chosen)
     sweep = (f", job {run.name} of the sweep {run.parent}" if (run.parent / "multirun.yaml").is_file() else "")
+    kind = f" ({run_kind(run_config(chosen))})" if usable is not None else ""
     skipped = f"; passed over {len(alive)} run(s) still running, newest {run_dir_of(alive[0])}" if alive else ""
-    _say(f"vitpipe: {what} -> run {run}{sweep}{skipped}")
-    return done[0]
+    if misfits:
+        skipped += (f"; passed over {len(misfits)} newer run(s) this command cannot use, newest "
+                    f"{run_dir_of(misfits[0][0])}: it {misfits[0][1]}")
+    _say(f"vitpipe: {what} -> run {run}{kind}{sweep}{skipped}")
+    return chosen
+
+
+# --------------------------------------------------------------------------- which runs a command can use
+
+Usable = Callable[[Path], "str | None"]  # checkpoint folder -> why this command cannot use its run, or None
+MODULE_KINDS = {"vitpipe.lit.ImageClassifier": "classifier", "vitpipe.lit.captioner.CaptionModule": "captioner",
+                "vitpipe.lit.mae.MAEModule": "MAE pre-training"}  # module._target_ -> what the run trained
+
+
+def run_config(folder) -> dict | None:
+    """The config of the run whose checkpoints are in ``folder``, read cheaply: its ``config.yaml`` (what
+    train writes before fitting; equal to the config in its checkpoints), else ``.hydra/config.yaml``, else
+    the config inside its newest checkpoint (memory-mapped, bounded: no weights are read); None if none reads.
+    YAML is read as data (OmegaConf's safe loader); nothing in it is called."""
+    run = run_dir_of(Path(folder) / "x.ckpt")
+    for spec in (run / "config.yaml", run / ".hydra" / "config.yaml"):
+        if spec.is_file():
+            try:
+                loaded = OmegaConf.to_container(OmegaConf.load(spec))
+            except Exception:  # noqa: BLE001 - an unreadable file: try the next source
+                continue
+            if isinstance(loaded, dict) and isinstance(loaded.get("module"), dict):
+                return loaded
+    ckpts = sorted((p for p in Path(folder).glob("*.ckpt") if p.is_file()), key=lambda p: p.stat().st_mtime)
+    try:
+        stored = safe_torch_load(ckpts[-1], mmap=True).get("vitpipe_config") if ckpts else None
+    except Exception:  # noqa: BLE001 - unreadable: the kind is unknown
+        return None
+    return stored if isinstance(stored, dict) else None
+
+
+def run_kind(config: dict | None) -> str:
+    """What a run trained, in words: classifier (multi-label classifier), captioner, MAE pre-training."""
+    module = (config or {}).get("module") if isinstance(config, dict) else None
+    target = module.get("_target_") if isinstance(module, dict) else None
+    if target not in MODULE_KINDS:
+        return "unknown kind" if target is None else f"module {target}"
+    kind = MODULE_KINDS[target]
+    return f"multi-label {kind}" if kind == "classifier" and module.get("task") == "multilabel" else kind
+
+
+def a_kind(kind: str) -> str:
+    return f"{'an' if kind[:1] in 'aeiuMo' else 'a'} {kind}"  # an MAE pre-training, an unknown kind, a classifier
+
+
+def needs_kinds(*kinds: str, command: str) -> Usable:
+    """A ``usable`` for commands that take runs of ``kinds`` (``MODULE_KINDS`` values): predict, serve and
+    demo take classifiers and captioners, export and visualize's class maps classifiers."""
+    def usable(folder: Path) -> str | None:
+        kind = run_kind(run_config(folder))
+        base = kind.removeprefix("multi-label ")
+        if base in kinds:
+            return None
+        return f"is {a_kind(kind)} run, and {command} takes {' or '.join(k + ' runs' for k in kinds)}"
+    return usable
+
 
 
 @rank_zero_only
@@ -151,8 +231,10 @@ def _recorded_best(path: Path) -> tuple[str | None, str | None]:
     """(the best_model_path that ``path``'s ModelCheckpoint state records, or None; why the file could
     not be read, or None). Read with mmap: no weights are loaded."""
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        ckpt = safe_torch_load(path, mmap=True)
     except Exception as e:  # noqa: BLE001 - said in the caller's one line
+        if isinstance(e, ConfigError):  # refused by its declared sizes: that sentence is the reason
+            return None, str(e).split(": ", 1)[-1]
         return None, why_unreadable(path, e).split(";")[0].rstrip(".")  # the reason, without its advice
     callbacks = ckpt.get("callbacks") if isinstance(ckpt, dict) else None
     states = callbacks.values() if isinstance(callbacks, dict) else ()

@@ -54,10 +54,14 @@ def output_path(cfg: DictConfig) -> Path | None:
 
 def export(cfg: DictConfig) -> Path:
     from vitpipe.run.checkpoint import load_checkpoint, rebuild
-    from vitpipe.run.paths import resolve_ckpt_path
+    from vitpipe.run.paths import needs_kinds, resolve_ckpt_path
 
     out = output_path(cfg)
-    path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best")
+    path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best",
+                             usable=needs_kinds("classifier", command="export"))  # last: the newest classifier run
+    inputs = checkpoint_inputs(path, cfg.ckpt_path)
+    if out is not None:  # overwrite=true would swap the run's own folder out: refused before it is read
+        check_not_input(out, inputs, key="out", folder=cfg.format == "timm")
     checkpoint = load_checkpoint(path)
     built = rebuild(checkpoint, path, paths=cfg.paths, task_name=cfg.task_name)
     net = built.net.cpu().eval()

@@ -222,11 +222,12 @@ def load_predictor(ckpt_path, *, paths=None, task_name: str = "predict", device=
     from vitpipe.report.evaluation import unseen_flip_warning
     from vitpipe.report.multilabel import is_multilabel
     from vitpipe.run.checkpoint import load_checkpoint, rebuild
-    from vitpipe.run.paths import resolve_ckpt_path
+    from vitpipe.run.paths import needs_kinds, resolve_ckpt_path
 
     if tta not in TTAS:
         raise ConfigError(f"tta={tta!r}; valid choices: {', '.join(TTAS)}")
-    path = resolve_ckpt_path(ckpt_path, log_dir=paths.log_dir if paths is not None else None, which="best")
+    path = resolve_ckpt_path(ckpt_path, log_dir=paths.log_dir if paths is not None else None, which="best",
+                             usable=needs_kinds("classifier", "captioner", command=task_name))  # last: not an MAE run
     checkpoint = load_checkpoint(path)
     multilabel = is_multilabel(checkpoint.get("vitpipe_config"))
     if multilabel and tta != "none":
