@@ -59,9 +59,6 @@ def export(cfg: DictConfig) -> Path:
     out = output_path(cfg)
     path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best",
                              usable=needs_kinds("classifier", command="export"))  # last: the newest classifier run
-    inputs = checkpoint_inputs(path, cfg.ckpt_path)
-    if out is not None:  # overwrite=true would swap the run's own folder out: refused before it is read
-        check_not_input(out, inputs, key="out", folder=cfg.format == "timm")
     checkpoint = load_checkpoint(path)
     built = rebuild(checkpoint, path, paths=cfg.paths, task_name=cfg.task_name)
     net = built.net.cpu().eval()

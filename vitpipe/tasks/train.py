@@ -26,7 +26,7 @@ from vitpipe.config.build import (
 )
 from vitpipe.config.recipe import announce_recipe
 from vitpipe.errors import ConfigError
-from vitpipe.run.checkpoint import check_fits, load_checkpoint
+from vitpipe.run.checkpoint import check_fits, load_checkpoint, resumable_by
 from vitpipe.run.dirs import live
 from vitpipe.run.info import (
     ConfigInCheckpoint,
@@ -141,7 +141,8 @@ def resume_path(cfg: DictConfig, net) -> str | None:
             return None
         _say(f"vitpipe: ckpt_path=auto: this run directory holds {path}; resuming from it")
     else:
-        path = resolve_ckpt_path(value, log_dir=Path(cfg.paths.log_dir) / cfg.task_name, which="last")
+        path = resolve_ckpt_path(value, log_dir=Path(cfg.paths.log_dir) / cfg.task_name, which="last",
+                                 usable=resumable_by(net, cfg))  # last: the newest run of this task and model
     checkpoint = load_checkpoint(path)
     check_fits(checkpoint["state_dict"], net, path)  # PreemptionCheckpoint prints the step when fit loads it
     return str(path)
