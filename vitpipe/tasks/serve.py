@@ -45,10 +45,12 @@ def check_options(cfg: DictConfig) -> None:
         raise ConfigError(f"port={cfg.port}: expected an int in 1..65535")
     for key in ("max_batch_size", "workers_per_device", "topk"):
         check_int(cfg.get(key), key, 1)
-    for key in ("batch_timeout_ms", "max_body_mb", "timeout_s"):
+    for key in ("batch_timeout_ms", "max_body_mb", "timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_s"):
         v = cfg.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (key != "batch_timeout_ms" and v == 0):
             raise ConfigError(f"{key}={v!r}: expected a number {'>= 0' if key == 'batch_timeout_ms' else '> 0'}")
+    check_int(cfg.get("max_connections"), "max_connections", 1)
+    check_connection_bound(int(cfg.max_connections))
     if cfg.backend not in BACKENDS:
         raise ConfigError(f"backend={cfg.backend!r}; valid choices: {', '.join(BACKENDS)}")
     if cfg.device not in DEVICES:
@@ -62,6 +64,20 @@ def check_options(cfg: DictConfig) -> None:
 
     check_threshold(cfg.get("threshold"))
     check_rollout_options(head_fusion=cfg.head_fusion, discard_ratio=cfg.discard_ratio)
+
+
+FD_MARGIN = 64  # descriptors the server process holds besides its connections (sockets, pipes, files)
+
+
+def check_connection_bound(max_connections: int) -> None:
+    """``max_connections`` must leave the server process descriptors of its own under ``ulimit -n``: past
+    that, accepting one more connection fails in the server instead of refusing the client."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and max_connections > soft - FD_MARGIN:
+        raise ConfigError(f"max_connections={max_connections}: this process may open {soft} files (ulimit -n); "
+                          f"use at most {max(1, soft - FD_MARGIN)} or raise the limit")
 
 
 def onnx_file(cfg: DictConfig, loaded) -> str:
@@ -110,6 +126,8 @@ def banner(cfg: DictConfig, loaded, onnx_path: str | None) -> str:
             lines.append(f"  multi-label: every class with sigmoid >= its threshold ({float(t.min()):.3g}..{float(t.max()):.3g})")
     lines.append(f"  batching: max_batch_size={cfg.max_batch_size}, batch_timeout_ms={cfg.batch_timeout_ms:g}, "
                  f"workers_per_device={cfg.workers_per_device}; body limit {cfg.max_body_mb:g} MB")
+    lines.append(f"  connections: at most {cfg.max_connections} open; headers within {cfg.header_timeout_s:g} s, "
+                 f"body within {cfg.body_timeout_s:g} s (else 408), idle keep-alive closed after {cfg.keep_alive_s:g} s")
     return "\n".join(lines)
 
 
@@ -152,6 +170,16 @@ def server_info(cfg: DictConfig, loaded, onnx_path: str | None) -> dict:
     return info
 
 
+def http_options(cfg: DictConfig) -> dict:
+    """uvicorn's options for slow clients: its own idle keep-alive timeout, and its HTTP protocol with read
+    deadlines and a connection bound (``vitpipe.tasks.serving.connections``; uvicorn has neither)."""
+    from vitpipe.tasks.serving.connections import guarded_protocol
+
+    return {"timeout_keep_alive": cfg.keep_alive_s,
+            "http": guarded_protocol(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,
+                                     max_connections=cfg.max_connections)}
+
+
 def stop_on_sigterm() -> None:
     """SIGTERM to this process runs LitServe's Ctrl-C shutdown (its worker and HTTP processes stopped with
     it); the HTTP processes it forks inherit the handler and get the default behaviour back."""
@@ -179,5 +207,5 @@ def serve(cfg: DictConfig) -> None:
     print(banner(cfg, loaded, onnx_path), flush=True)
     del loaded  # the workers load their own copy on their device
     stop_on_sigterm()
-    server.run(host=cfg.host, port=cfg.port, generate_client_file=False, log_level=cfg.log_level)
+    server.run(host=cfg.host, port=cfg.port, generate_client_file=False, log_level=cfg.log_level, **http_options(cfg))
     sys.stdout.flush()

@@ -5,7 +5,8 @@ once, with a 4xx and one line of JSON (``{"detail": "..."}``, FastAPI's error sh
 
 * 415 a Content-Type other than ``application/json`` or ``multipart/form-data``;
 * 413 a body over ``max_body_bytes`` (by its Content-Length, or counted while it arrives);
-* 400 an empty body, a JSON body that does not parse, an ``explain`` the checkpoint cannot draw;
+* 400 an empty body, a JSON body that does not parse or nests deeper than ``vitpipe.run.jsonfiles.MAX_DEPTH``
+  levels (read without recursion: never a RecursionError), an ``explain`` the checkpoint cannot draw;
 * 422 a JSON body that is not an object.
 
 LitServe forwards the parsed body (only) to a worker, so ``?explain=`` is carried into it here: as
@@ -17,6 +18,8 @@ from __future__ import annotations
 import json
 import re
 from urllib.parse import parse_qs
+
+from vitpipe.run.jsonfiles import JSONInputError, loads
 
 CONTENT_TYPES = ("application/json", "multipart/form-data")
 USAGE = "send application/json {\"image\": \"<base64 of the file>\"} or multipart/form-data with the file in field 'image'"
@@ -36,6 +39,10 @@ async def reply(send, status: int, message: str) -> None:
 
 class BodyTooLarge(Exception):
     pass
+
+
+class Disconnected(Exception):
+    """The client went away (or was closed for sending too slowly) before its body was complete."""
 
 
 class RequestGate:
@@ -69,12 +76,17 @@ class RequestGate:
         except BodyTooLarge:
             await reply(send, 413, limit)
             return
+        except Disconnected:
+            return  # nobody to answer; a partial body is never parsed
         if not body:
             await reply(send, 400, f"the request body is empty; {USAGE}")
             return
         if kind == "application/json":
             try:
-                payload = json.loads(body)
+                payload = loads(body)  # bounded: a body nested 1,000 deep is this 400, not a RecursionError's 500
+            except JSONInputError as e:
+                await reply(send, 400, f"the body is refused: {e}; {USAGE}")
+                return
             except (ValueError, UnicodeDecodeError) as e:
                 await reply(send, 400, f"the body is not valid JSON ({str(e).splitlines()[0]}); {USAGE}")
                 return
@@ -103,7 +115,7 @@ class RequestGate:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                break
+                raise Disconnected
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
