@@ -239,8 +239,8 @@ def test_multilabel_refusals_before_data_loads(cfg_factory, tmp_path):
         with pytest.raises(ConfigError, match=match):
             check_config(cfg_factory(*base, *extra))
     with pytest.raises(ConfigError, match=r"module.task=multilabel needs label sets: data=imagefolder data.labels="):
-        check_config(cfg_factory("data=shards", f"data.root={tmp_path}", "data.num_classes=3", "module.task=multilabel",
-                                 "debug=fast"))
+        check_config(cfg_factory("data=shards", f"data.root={tmp_path}", "data.num_classes=3", "data.channels=3",
+                                 "module.task=multilabel", "debug=fast"))  # both given: no index is read for them
 
 
 def test_multilabel_monitors_val_map(cfg_factory, tmp_path):

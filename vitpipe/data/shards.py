@@ -250,7 +250,7 @@ class ShardsDataModule(ClassificationDataModule):
     """Images streamed from ``root`` (a folder or URL written by make_shards), standard path only.
 
     Class names, channels, the native size and mean/std come from the shard index (mean/std can be
-    overridden); ``num_classes`` (None: the index's) and ``channels`` are checked against it.
+    overridden); ``num_classes`` and ``channels`` (None: the index's) are checked against it.
     ``cache_dir``: where chunks of a URL root are downloaded (default: LitData's, under ~/.lightning).
     ``storage_options``: the object store's client settings (for ``s3://``: boto3 client arguments
     such as ``endpoint_url``, ``verify``, ``aws_access_key_id``; default: the standard AWS variables).
@@ -262,7 +262,8 @@ class ShardsDataModule(ClassificationDataModule):
 
     has_val_split = True  # make_shards always writes val/
 
-    def __init__(self, *, root: str, channels: int, num_classes: int | None = None, cache_dir: str | None = None,
+    def __init__(self, *, root: str, channels: int | None = None, num_classes: int | None = None,
+                 cache_dir: str | None = None,
                  storage_options: dict | None = None, fast_path: bool = False, sampler: str = "default",
                  repeated_aug: int = 1, mean=None, std=None,
                  **kwargs) -> None:  # fmt: skip
@@ -287,6 +288,12 @@ class ShardsDataModule(ClassificationDataModule):
             mean=tuple(idx["mean"]), std=tuple(idx["std"]), class_names=tuple(idx["class_names"]),
         )  # fmt: skip
         num_classes = info.num_classes if num_classes is None else num_classes  # a number given is checked
+        if channels is not None and channels != info.channels:
+            raise ConfigError(f"data.channels={channels!r} but the shards in {root} hold {info.channels}-channel images "
+                              f"({INDEX_FILE}); set data.channels={info.channels} or leave it out (null: the index's)")
+        channels = info.channels
+        if kwargs.get("in_chans") is None:  # built without a config (whose model.in_chans follows data.channels)
+            kwargs["in_chans"] = channels
         super().__init__(info=info, root=str(root).rstrip("/"), num_classes=num_classes, channels=channels,
                          fast_path=False, sampler=sampler, mean=mean, std=std, **kwargs)  # fmt: skip
         self.multilabel = is_multilabel_index(idx)  # batches carry multi-hot (B, C) float targets
@@ -298,9 +305,13 @@ class ShardsDataModule(ClassificationDataModule):
     def num_classes_of(data) -> int:
         """The class count of a data config whose ``num_classes`` is null: the shard index's (a URL
         root: its one small JSON file is fetched, as constructing the data module does)."""
-        cache_dir = data.get("cache_dir")
-        return int(read_index(str(data.root), None if cache_dir is None else str(cache_dir),
-                              _plain(data.get("storage_options")))["num_classes"])  # fmt: skip
+        return int(_index_of(data)["num_classes"])
+
+    @staticmethod
+    def channels_of(data) -> int:
+        """The channel count of a data config whose ``channels`` is null: the shard index's, as for the
+        class count (so ``model.in_chans``, ``${data.channels}``, follows grayscale shards)."""
+        return int(_index_of(data)["channels"])
 
     def check(self) -> None:
         if not is_url(self.root):  # a URL's chunks are checked by LitData as they download
@@ -335,6 +346,12 @@ class ShardsDataModule(ClassificationDataModule):
         split = ds.base.url.rsplit("/", 1)[1]
         return ChunkSampler(self.index["splits"][split]["chunk_sizes"], num_replicas=world, rank=rank,
                             shuffle=train and self.shuffle, seed=self.seed, pad=train)  # fmt: skip
+
+
+def _index_of(data) -> dict:
+    """The shard index a data config names (``data.root``, ``data.cache_dir``, ``data.storage_options``)."""
+    cache_dir = data.get("cache_dir")
+    return read_index(str(data.root), None if cache_dir is None else str(cache_dir), _plain(data.get("storage_options")))
 
 
 def _plain(options) -> dict | None:
