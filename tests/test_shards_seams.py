@@ -1,6 +1,6 @@
 """Seams of shards and image folders: what make_shards keeps on a re-run (only splits written from the
 same items with the same settings), the channel count data=shards reads from the index (as it reads the
-class count), and a directory-link loop in an image folder as one line.
+class count), and a directory-link loop in an image folder refused in one line before anything starts.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ import pytest
 from PIL import Image
 from user_shell import SHORT_TRAIN, fresh_checkout, run, run_dir_of, user_env
 
+from vitpipe.config.build import check_config
 from vitpipe.data import ImageFolderDataModule
-from vitpipe.data.shards import ShardSplit
+from vitpipe.data.shards import ShardsDataModule, ShardSplit
+from vitpipe.data.synthetic import SyntheticDataModule
 from vitpipe.errors import ConfigError
 from vitpipe.tasks.make_shards import INDEX_FILE, RECORD_FILE, make_shards
 
@@ -173,3 +175,76 @@ def test_make_shards_rerun_with_another_data_seed_as_typed(tmp_path):
     for split in ("train", "val"):
         meta = index["splits"][split]
         assert _stored_counts(out / split, meta["count"], 10) == meta["class_counts"]
+
+
+# ---- item 11: data=shards takes the channel count from the index, as it takes the class count -----
+
+
+@pytest.fixture(scope="module")
+def gray_shards(tmp_path_factory):
+    """Shards of 1-channel images (5 classes, 6x6), as make_shards writes them from any grayscale source."""
+    out = tmp_path_factory.mktemp("gray") / "shards"
+    dm = SyntheticDataModule(num_classes=5, channels=1, native_size=6, length=40, img_size=8, in_chans=1, seed=0)
+    make_shards(dm, str(out), shard_size="4KB")
+    return out
+
+
+def test_data_shards_of_grayscale_images_take_one_channel_and_the_model_follows(gray_shards, cfg_factory):
+    cfg = cfg_factory("data=shards", f"data.root={gray_shards}", "model=vit_nano")
+    check_config(cfg)  # what train, eval's data= and the stored config go through
+    assert cfg.data.channels == 1 and cfg.model.in_chans == 1 and cfg.model.num_classes == 5
+    dm = ShardsDataModule(root=str(gray_shards), img_size=8, batch_size=4, num_workers=0)  # no config: the index's
+    dm.setup("fit")
+    x, y = next(iter(dm.train_dataloader()))
+    assert dm.channels == dm.in_chans == 1 and x.shape == (4, 1, 8, 8) and y.max() < 5
+
+
+def test_a_channel_count_given_against_the_index_is_one_line_naming_both(gray_shards):
+    with pytest.raises(ConfigError) as err:
+        ShardsDataModule(root=str(gray_shards), channels=3, img_size=8, in_chans=3)
+    msg = str(err.value)
+    assert "\n" not in msg and "data.channels=3" in msg and "1-channel images" in msg and "data.channels=1" in msg
+
+
+@pytest.mark.slow  # three script start-ups (make_shards, train, eval: ~30 s on 2 shared cores)
+def test_make_shards_of_digits_then_train_and_eval_on_them_as_typed(tmp_path):
+    cwd, out = fresh_checkout(tmp_path / "w"), tmp_path / "S"
+    made = run(f"python scripts/make_shards.py data=digits out={out}", cwd)
+    assert made.returncode == 0, made.stderr[-2000:]
+    trained = run(["python", "scripts/train.py", "data=shards", f"data.root={out}", *SHORT_TRAIN], cwd)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    run_dir = run_dir_of(trained.stdout)
+    stored = (run_dir / "config.yaml").read_text()
+    assert "in_chans: 1" in stored and "channels: 1" in stored and "in_chans: 3" not in stored
+    evaluated = run(["python", "scripts/eval.py", f"ckpt_path={run_dir}", "data=shards", f"data.root={out}",
+                     "++trainer.limit_test_batches=2"], cwd)
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert "test/acc" in evaluated.stdout
+
+
+# ---- item 10: a directory-link loop in an image folder is one line, before anything starts ------------
+
+
+def _looping_folder(root: Path) -> Path:
+    for c in ("cat", "dog"):
+        (root / "train" / c).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (12, 12), (i * 40, 9, 9)).save(root / "train" / c / f"{i}.png")
+    (root / "train" / "cat" / "loop").symlink_to("..", target_is_directory=True)
+    return root
+
+
+def test_check_refuses_a_directory_link_loop_before_setup(tmp_path):
+    dm = ImageFolderDataModule(root=str(_looping_folder(tmp_path / "img")), img_size=8, in_chans=3, channels=3)
+    with pytest.raises(ConfigError, match=r"train/cat/loop is a directory link to .*a loop"):
+        dm.check()  # what train runs before the Trainer starts; setup() found it only after
+
+
+@pytest.mark.slow  # one train.py start-up (10-35 s on 2 shared cores)
+def test_train_on_an_image_folder_with_a_link_loop_prints_one_line(tmp_path):
+    root = _looping_folder(tmp_path / "img")
+    r = run(f"python scripts/train.py data=imagefolder data.root={root}", fresh_checkout(tmp_path / "w"),
+            env=user_env(XDG_CACHE_HOME=str(tmp_path / "cache")))
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vitpipe: error: imagefolder: train/cat/loop is a directory link"), lines

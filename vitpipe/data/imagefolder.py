@@ -223,6 +223,7 @@ class ImageFolderDataModule(ClassificationDataModule):
                               f"drop {what.split('=')[0]}")
         self.test_split = None if test_split is None else check_val_split(test_split, "data.test_split")
         self._split_said = False
+        self._listings: dict[str, tuple[str, list[tuple[str, int]], list[str]] | None] = {}
 
     @staticmethod
     def num_classes_of(data) -> int:
@@ -240,6 +241,7 @@ class ImageFolderDataModule(ClassificationDataModule):
             if not os.path.isdir(self.root):
                 raise ConfigError(f"imagefolder: {self.root} does not exist; data.labels=none reads every image under it")
             self.class_names = [UNLABELED]
+            self._listing("train")  # the directory links, before anything is built
             return
         if self.multilabel:
             self._check_labels_file()
@@ -265,6 +267,8 @@ class ImageFolderDataModule(ClassificationDataModule):
                     f"{train}); give {split}/ the class folders of train/, or remove {split}/"
                     + (" (val_split then takes validation images from train/)" if split == "val" else "")
                 )
+        for split in SPLITS:  # the files and directory links of every split, before anything is built
+            self._listing(split)
 
     def _check_labels_file(self) -> LabelsFile:
         if self._labels_file is None:
@@ -335,9 +339,12 @@ class ImageFolderDataModule(ClassificationDataModule):
                   "so no test/ metrics (add test/ or set data.test_split, e.g. 0.1)")
         return kept, held
 
-    def _read(self, split: str) -> FolderImages | MultiLabelImages | None:
-        if self.multilabel:
-            return self._read_labels_file(split)
+    def _listing(self, split: str) -> tuple[str, list[tuple[str, int]], list[str]] | None:
+        """``(folder, [(image file, label)], other files)`` of a split's folders (None: no such split),
+        listed once per data module: check() lists every split, so a directory link that loops or
+        repeats images is refused (ConfigError) before anything is built, and setup() reuses the list."""
+        if split in self._listings:
+            return self._listings[split]
         if self.labels == "none":  # one set, all of root: "train" is it, the splits are carved from it
             if split != "train":
                 return None
@@ -349,8 +356,6 @@ class ImageFolderDataModule(ClassificationDataModule):
             if self.class_names is None:
                 self.check()
             folders = [os.path.join(path, name) for name in self.class_names]
-        if self.class_names is None:
-            self.check()
         walk = _Walk(self.root)
         samples = []
         for label, folder in enumerate(folders):
@@ -359,9 +364,21 @@ class ImageFolderDataModule(ClassificationDataModule):
                 raise ConfigError(f"imagefolder: {folder} holds no image files "
                                   f"({', '.join(IMAGE_EXTENSIONS)}); add images or remove the folder")  # fmt: skip
             samples += [(file, label) for file in files]
-        if walk.others:
-            rank_zero_warn(f"skipped {len(walk.others)} non-image files in {path}, "
-                           f"e.g. {os.path.relpath(walk.others[0], path)}")  # fmt: skip
+        self._listings[split] = (path, samples, walk.others)
+        return self._listings[split]
+
+    def _read(self, split: str) -> FolderImages | MultiLabelImages | None:
+        if self.multilabel:
+            return self._read_labels_file(split)
+        if self.class_names is None:
+            self.check()
+        listing = self._listing(split)
+        if listing is None:
+            return None
+        path, samples, others = listing
+        if others:
+            rank_zero_warn(f"skipped {len(others)} non-image files in {path}, "
+                           f"e.g. {os.path.relpath(others[0], path)}")  # fmt: skip
         bad = find_bad_images([file for file, _ in samples], folder=path)
         if not bad:
             return FolderImages(samples, list(self.class_names))

@@ -39,16 +39,24 @@ from vitpipe.run.info import (
 from vitpipe.run.paths import resolve_ckpt_path
 
 
-def build(cfg: DictConfig, *, checkpoint: dict | None = None):
-    """Instantiate (datamodule, net, module) from a composed config, validating on the way.
-
-    With a ``checkpoint`` that carries a tokenizer (captioners), the data module decodes with the
-    vocabulary the model was trained with rather than one rebuilt from the data.
-    """
-    check_config(cfg)
+def build_data(cfg: DictConfig):
+    """The data module of ``cfg``, its files checked (present, or download on; an image folder's links)."""
     dm = instantiate_checked(cfg.data, "data")
     if hasattr(dm, "check"):
         dm.check()  # the files exist (or download is on) before any model is built
+    return dm
+
+
+def build(cfg: DictConfig, *, checkpoint: dict | None = None, dm=None):
+    """Instantiate (datamodule, net, module) from a composed config, validating on the way.
+
+    With a ``checkpoint`` that carries a tokenizer (captioners), the data module decodes with the
+    vocabulary the model was trained with rather than one rebuilt from the data. ``dm``: the data module
+    ``build_data(cfg)`` gave, when the caller checked the data first.
+    """
+    check_config(cfg)
+    if dm is None:
+        dm = build_data(cfg)
     if checkpoint is not None and "tokenizer" in checkpoint and hasattr(dm, "tokenizer"):
         from vitpipe.text.tokenizer import WordTokenizer
 
@@ -85,6 +93,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 def _train(cfg: DictConfig) -> dict[str, float]:
     check_config(cfg)  # first: a bad value (seed=-5 included) is one line before anything runs
+    dm = build_data(cfg)  # then the data's files (an image folder's links, a shard index): one line, no banner first
     L.seed_everything(cfg.seed, workers=True)
     check_device(cfg)
     announce_recipe(cfg)  # which conf/recipe/<model>_<data>.yaml this run merged, and what it set
@@ -99,7 +108,7 @@ def _train(cfg: DictConfig) -> dict[str, float]:
         trainer: L.Trainer = instantiate_checked(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False,
                                                  **slurm_plugins(cfg))
         apply_lr_scaling(cfg, trainer)  # needs the world size, which only the Trainer knows
-        dm, net, module = build(cfg)
+        dm, net, module = build(cfg, dm=dm)
         ckpt_path = resume_path(cfg, net)
         write_run_files(cfg, {})
         fit_s = None
