@@ -411,10 +411,11 @@ def test_one_connection_over_the_bound_is_refused_at_once():
         assert ok.status_code == 200  # the bound frees with the connections
 
 
-def test_serve_options_for_slow_clients_are_checked(tmp_path):
+def test_serve_options_for_slow_clients_are_checked(tmp_path, monkeypatch):
     import resource
 
-    from vitpipe.tasks.serve import check_options
+    import vitpipe.tasks.serve as serve
+    from vitpipe.tasks.serve import check_options, connection_bound
 
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     cases = [("header_timeout_s=0", r"header_timeout_s=0: expected a number > 0"),
@@ -426,7 +427,12 @@ def test_serve_options_for_slow_clients_are_checked(tmp_path):
     for override, match in cases:
         with pytest.raises(ConfigError, match=match):
             check_options(make_cfg(tmp_path, ["ckpt_path=x", override], config_name="serve"))
-    check_options(make_cfg(tmp_path, ["ckpt_path=x"], config_name="serve"))  # the defaults pass
+    defaults = make_cfg(tmp_path, ["ckpt_path=x"], config_name="serve")
+    check_options(defaults)  # the defaults pass
+    monkeypatch.setattr(serve, "open_files_limit", lambda: 256)  # macOS's default ulimit -n
+    assert connection_bound(defaults) == 256 - 64  # null: within the limit, so the defaults still start
+    monkeypatch.setattr(serve, "open_files_limit", lambda: None)
+    assert connection_bound(defaults) == 256
 
 
 @pytest.mark.slow

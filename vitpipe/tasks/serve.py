@@ -49,8 +49,9 @@ def check_options(cfg: DictConfig) -> None:
         v = cfg.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (key != "batch_timeout_ms" and v == 0):
             raise ConfigError(f"{key}={v!r}: expected a number {'>= 0' if key == 'batch_timeout_ms' else '> 0'}")
-    check_int(cfg.get("max_connections"), "max_connections", 1)
-    check_connection_bound(int(cfg.max_connections))
+    if cfg.get("max_connections") is not None:
+        check_int(cfg.max_connections, "max_connections", 1)
+        check_connection_bound(int(cfg.max_connections))
     if cfg.backend not in BACKENDS:
         raise ConfigError(f"backend={cfg.backend!r}; valid choices: {', '.join(BACKENDS)}")
     if cfg.device not in DEVICES:
@@ -67,17 +68,32 @@ def check_options(cfg: DictConfig) -> None:
 
 
 FD_MARGIN = 64  # descriptors the server process holds besides its connections (sockets, pipes, files)
+DEFAULT_CONNECTIONS = 256  # max_connections=null: this, or fewer where ulimit -n is low (macOS: 256)
+
+
+def open_files_limit() -> int | None:
+    """The soft ``ulimit -n`` of this process (None: unlimited)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def check_connection_bound(max_connections: int) -> None:
     """``max_connections`` must leave the server process descriptors of its own under ``ulimit -n``: past
     that, accepting one more connection fails in the server instead of refusing the client."""
-    import resource
-
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and max_connections > soft - FD_MARGIN:
+    soft = open_files_limit()
+    if soft is not None and max_connections > soft - FD_MARGIN:
         raise ConfigError(f"max_connections={max_connections}: this process may open {soft} files (ulimit -n); "
                           f"use at most {max(1, soft - FD_MARGIN)} or raise the limit")
+
+
+def connection_bound(cfg: DictConfig) -> int:
+    """``max_connections``, or for null ``DEFAULT_CONNECTIONS`` within ``ulimit -n`` less ``FD_MARGIN``."""
+    if cfg.get("max_connections") is not None:
+        return int(cfg.max_connections)
+    soft = open_files_limit()
+    return DEFAULT_CONNECTIONS if soft is None else max(1, min(DEFAULT_CONNECTIONS, soft - FD_MARGIN))
 
 
 def onnx_file(cfg: DictConfig, loaded) -> str:
@@ -126,7 +142,7 @@ def banner(cfg: DictConfig, loaded, onnx_path: str | None) -> str:
             lines.append(f"  multi-label: every class with sigmoid >= its threshold ({float(t.min()):.3g}..{float(t.max()):.3g})")
     lines.append(f"  batching: max_batch_size={cfg.max_batch_size}, batch_timeout_ms={cfg.batch_timeout_ms:g}, "
                  f"workers_per_device={cfg.workers_per_device}; body limit {cfg.max_body_mb:g} MB")
-    lines.append(f"  connections: at most {cfg.max_connections} open; headers within {cfg.header_timeout_s:g} s, "
+    lines.append(f"  connections: at most {connection_bound(cfg)} open; headers within {cfg.header_timeout_s:g} s, "
                  f"body within {cfg.body_timeout_s:g} s (else 408), idle keep-alive closed after {cfg.keep_alive_s:g} s")
     return "\n".join(lines)
 
@@ -177,7 +193,7 @@ def http_options(cfg: DictConfig) -> dict:
 
     return {"timeout_keep_alive": cfg.keep_alive_s,
             "http": guarded_protocol(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,
-                                     max_connections=cfg.max_connections)}
+                                     max_connections=connection_bound(cfg))}
 
 
 def stop_on_sigterm() -> None:
