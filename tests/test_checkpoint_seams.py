@@ -271,6 +271,9 @@ def test_zip_bomb_on_the_command_line_is_one_line_at_small_memory(tmp_path):
     bomb = make_bomb(tmp_path / "bomb.ckpt", 600 << 20)
     text = tmp_path / "notes.ckpt"
     text.write_text("not a checkpoint\n")
+    images = tmp_path / "images"  # predict checks its images before it reads the checkpoint
+    images.mkdir()
+    Image.fromarray(np.full((8, 8), 128, dtype=np.uint8)).save(images / "a.png")
     cwd = fresh_checkout(tmp_path / "w")
     measure = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
                "print('maxrss', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, r.returncode)")
@@ -280,9 +283,9 @@ def test_zip_bomb_on_the_command_line_is_one_line_at_small_memory(tmp_path):
         _, kib, rc = r.stdout.strip().splitlines()[-1].split()
         return int(kib) >> 10, int(rc), r.stderr
 
-    base_mb, rc, err = peak("scripts/predict.py", f"ckpt_path={text}", f"images={tmp_path}")
-    assert rc == 2, err[-2000:]
-    for command in (["scripts/predict.py", f"ckpt_path={bomb}", f"images={tmp_path}"],
+    base_mb, rc, err = peak("scripts/predict.py", f"ckpt_path={text}", f"images={images}")
+    assert rc == 2 and "cannot read checkpoint" in err, err[-2000:]  # the baseline: read, refused, no inflation
+    for command in (["scripts/predict.py", f"ckpt_path={bomb}", f"images={images}"],
                     ["scripts/train.py", "debug=fast", "logger=none", f"model.pretrained={bomb}"]):
         mb, rc, err = peak(*command)
         lines = [ln for ln in err.strip().splitlines() if ln.startswith("vitpipe: error:")]

@@ -181,16 +181,18 @@ def a_kind(kind: str) -> str:
 
 
 def needs_kinds(*kinds: str, command: str) -> Usable:
-    """A ``usable`` for commands that take runs of ``kinds`` (``MODULE_KINDS`` values): predict, serve and
-    demo take classifiers and captioners, export and visualize's class maps classifiers."""
+    """A ``usable`` for commands that take runs of ``kinds`` (``MODULE_KINDS`` values; a multi-label
+    classifier is a classifier): predict, serve, demo and visualize take classifiers and captioners,
+    export classifiers. ``command`` names the command in the reason."""
+
     def usable(folder: Path) -> str | None:
         kind = run_kind(run_config(folder))
         base = kind.removeprefix("multi-label ")
         if base in kinds:
             return None
         return f"is {a_kind(kind)} run, and {command} takes {' or '.join(k + ' runs' for k in kinds)}"
-    return usable
 
+    return usable
 
 
 @rank_zero_only
