@@ -17,6 +17,9 @@ patchify stem), checked on a padded patch dict of two images of other aspects; i
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 from pathlib import Path
 
 import torch
@@ -34,7 +37,7 @@ from vitpipe.models.timm_compat import (
     to_timm_naflex,
 )
 from vitpipe.nn.naflex import pad_batch, patchify_image
-from vitpipe.run.files import user_permissions
+from vitpipe.run.files import DiskFullError, user_permissions
 
 TIMM_TOLERANCE = 1e-5  # max abs logit difference, fp32
 GENERIC_ARCH = "vit_base_patch16_224"  # any timm ViT entry point: the model_args set every dimension
@@ -79,11 +82,27 @@ def save_timm(net: nn.Module, spec: InputSpec, out: Path, *, class_names: list[s
     if naflex:
         labels["naflex"] = {"max_seq_len": spec.max_seq_len, "patch_size": list(net.patch_size)}
     with staged_folder(out, overwrite=overwrite) as folder:
-        save_for_hf(tm, str(folder), model_config=labels or None, safe_serialization=True)
+        try:
+            save_for_hf(tm, str(folder), model_config=labels or None, safe_serialization=True)
+        except Exception as e:  # noqa: BLE001 - safetensors' writer raises SafetensorError, not OSError
+            error = os_error_of(e, out / "model.safetensors")
+            if error is None:
+                raise
+            raise error from e
         user_permissions(folder / "model.safetensors")
         if readme is not None:
             (folder / "README.md").write_text(readme, encoding="utf-8")
         return check_timm(net, folder, spec, name=out)
+
+
+def os_error_of(e: Exception, path: Path) -> OSError | None:
+    """The ``OSError`` (a ``DiskFullError`` for ENOSPC/EDQUOT) naming ``path`` that safetensors' writer reports
+    only as text (``SafetensorError: ... I/O error: No space left on device (os error 28)``); None for others."""
+    found = re.search(r"\(os error (\d+)\)", str(e))
+    if isinstance(e, OSError) or found is None:
+        return None
+    code = int(found.group(1))
+    return DiskFullError(code, path) if code in (errno.ENOSPC, errno.EDQUOT) else OSError(code, os.strerror(code), str(path))
 
 
 @torch.no_grad()

@@ -6,7 +6,8 @@
   failed write (a full disk) removes its temporary file and raises ``DiskFullError`` naming the path.
   Files get the permissions the user's umask gives (``mkstemp`` alone would make them 0600).
 - ``temp_dir_beside``: a temporary folder named like those files (a folder published by a rename).
-- ``remove_stale_temp_files``: the temporary files and folders of writes whose process was killed.
+- ``remove_stale_temp_files``: the temporary files and folders of writes whose process was killed;
+  ``remove_stale_temps_below``: the same for a folder and its subfolders (every command, at its start).
 - ``user_permissions``: a file another library wrote 0600 (safetensors) gets the user's umask.
 - ``save_figure``: a matplotlib figure as a PNG, through ``atomic_write`` (the report's and viz's figures).
 """
@@ -156,6 +157,38 @@ def remove_stale_temp_files(directory, name: str | None = None) -> list[Path]:
                 removed.append(p)
         except FileNotFoundError:
             pass  # its writer finished (renamed it) meanwhile
+    return removed
+
+
+def remove_stale_temps_below(folder, *, depth: int = 2) -> list[Path]:
+    """At a command's start: delete the temporary files and folders of our own writes (the names
+    ``atomic_write`` and ``temp_dir_beside`` give) whose writer was killed, in ``folder`` and its
+    subfolders ``depth`` levels down (a run's report/ and checkpoints/, visualize's <kind>/, a shard
+    split). A name of another program (``.x.tmp-y``) and a live writer's file are left alone."""
+    folder = Path(folder)
+    removed, level = [], [folder] if folder.is_dir() and not folder.is_symlink() else []
+    for _ in range(depth + 1):
+        below = []
+        for d in level:
+            try:
+                children = list(d.iterdir())
+            except OSError:
+                continue
+            for p in children:
+                if _TEMP_NAME.fullmatch(p.name):
+                    try:
+                        if _writer_may_be_alive(p):
+                            continue
+                        if p.is_dir() and not p.is_symlink():
+                            shutil.rmtree(p)
+                        else:
+                            p.unlink()
+                        removed.append(p)
+                    except FileNotFoundError:
+                        pass  # its writer finished (renamed it) meanwhile
+                elif p.is_dir() and not p.is_symlink() and not p.name.startswith("."):
+                    below.append(p)
+        level = below
     return removed
 
 

@@ -20,14 +20,16 @@ from pathlib import Path
 
 import hydra
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from vitpipe.config.checks import check_wandb_login, did_you_mean
 from vitpipe.errors import ConfigError
 from vitpipe.lit.checkpointing import SecondInterrupt
 from vitpipe.lit.classifier import NonFiniteLossError
-from vitpipe.run.files import DiskFullError, disk_full_cause
+from vitpipe.run.files import DiskFullError, disk_full_cause, remove_stale_temps_below
+from vitpipe.run.outputs import check_not_input, check_writable, name_too_long, named_checkpoint_inputs
+from vitpipe.run.paths import run_dir_of
 
 EXIT_CONFIG, EXIT_NONFINITE, EXIT_DISK_FULL = 2, 3, 74
 
@@ -92,7 +94,7 @@ def command_line_mistake(conf: Path, config_name: str, argv: list[str]) -> str |
             return _unknown_key_message(key, cfg)
         except Exception:  # noqa: BLE001 - not a mistake this check knows: Hydra reports it as before
             return None
-    mistake = _search_space_mistake(cfg)
+    mistake = _search_space_mistake(cfg) or output_dir_mistake(cfg, name, multirun=args.multirun)
     if mistake:
         return mistake
     try:
@@ -122,6 +124,55 @@ def _search_space_mistake(cfg: DictConfig) -> str | None:
         where = f"hparams_search={search}" if search else "hydra.sweeper.params"
         return f"{where} searches {key}, which this config lacks: {_unknown_key_message(key, cfg)}{hint}"
     return None
+
+
+def output_dir_mistake(cfg: DictConfig, config_name: str, *, multirun: bool = False) -> str | None:
+    """The run (or sweep) directory Hydra is about to create and write ``.hydra/`` into, checked before it
+    does (``vitpipe.run.outputs``): one it cannot create or write (under a file, read-only, a full disk, a
+    name too long: ``task_name`` included), and, for every script but train (which resumes into its own
+    run), one that is, contains or lies inside the run ``ckpt_path=`` names. None when fine or when the
+    directory is not known before the run (an interpolation that cannot be resolved here)."""
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    out = _output_dir(cfg, key)
+    if out is None:
+        return None
+    long = name_too_long(out)
+    task = str(OmegaConf.select(cfg, "task_name", default="") or "")
+    if long is not None and long[0] and long[0] == task:
+        return (f"task_name={task[:24]}... is {len(os.fsencode(task))} bytes, and it names the run's folder, "
+                f"which may have at most {long[1]}: pass a shorter task_name")
+    try:
+        check_writable(out, key=key, folder=True)
+        if config_name != "train":
+            ckpt = OmegaConf.select(cfg, "ckpt_path", default=None, throw_on_missing=False)
+            check_not_input(out, named_checkpoint_inputs(ckpt), key=key, folder=True)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def _output_dir(cfg: DictConfig, key: str) -> str | None:
+    """``hydra.run.dir`` (``hydra.sweep.dir``) as a path, without claiming it (``${unique_dir:x}`` -> x)."""
+    node = OmegaConf.select(cfg, key.rpartition(".")[0])
+    if not isinstance(node, DictConfig):
+        return None
+    raw = OmegaConf.to_container(node, resolve=False).get("dir")
+    if not isinstance(raw, str) or not raw:
+        return None
+    claimed = re.fullmatch(r"\$\{unique_dir:(.*)\}", raw.strip())
+    raw = claimed.group(1) if claimed else raw
+    if "${" not in raw:
+        return raw
+    probe = "_vitpipe_output_dir"
+    try:
+        with open_dict(cfg):
+            cfg[probe] = raw
+        return str(cfg[probe])
+    except Exception:  # noqa: BLE001 - a resolver that needs the run (hydra:...): Hydra reports it later
+        return None
+    finally:
+        with open_dict(cfg):
+            cfg.pop(probe, None)
 
 
 def _has_key(cfg: DictConfig, key: str) -> bool:
@@ -202,6 +253,7 @@ def say_once(line: str) -> None:
 
 
 def run_cli(fn, cfg):
+    clean_run_dir(cfg)
     try:
         return fn(cfg)
     except (ConfigError, MissingMandatoryValue, InterpolationResolutionError) as e:
@@ -228,6 +280,18 @@ def run_cli(fn, cfg):
         sys.exit(EXIT_DISK_FULL)
 
 
+def clean_run_dir(cfg) -> None:
+    """What our killed writers left in this command's run directory (a killed eval's
+    ``.predictions.csv.tmp-*``, a report figure's), removed at the start of every command: Lightning's
+    fit start cleans only the checkpoint folders, and eval, predict, visualize, export never fit."""
+    try:
+        out = OmegaConf.select(cfg, "paths.output_dir", default=None, throw_on_missing=False)
+    except Exception:  # noqa: BLE001 - no Hydra run (a test's config): nothing of ours to clean
+        return
+    if out:
+        remove_stale_temps_below(out)
+
+
 def stop_message(e: SIGTERMException) -> str:
     name = signal.Signals(getattr(e, "vitpipe_signal", signal.SIGTERM)).name
     saved = getattr(e, "vitpipe_checkpoint", None)
@@ -242,8 +306,19 @@ def stop_message(e: SIGTERMException) -> str:
 
 
 def disk_full_message(e: OSError) -> str:
+    """The file a full disk stopped, what is left, and what to do: a resume only where a checkpoint is saved."""
     where = e.filename or "a file"
-    if isinstance(e, DiskFullError):  # our atomic writer: the partial file is gone, the old one untouched
-        return (f"{e.strerror} writing {where}; earlier checkpoints are intact (the partial file was removed): "
-                f"free space, then rerun with ckpt_path=last")
-    return f"{e.strerror} writing {where}"
+    if not isinstance(e, DiskFullError):
+        return f"{e.strerror} writing {where}: free space, then rerun the command"
+    # our atomic writer: the partial file is gone, the old one untouched
+    path = Path(where)
+    if path.suffix != ".ckpt":
+        return (f"{e.strerror} writing {where}; the partial file was removed and what was there before is "
+                "untouched: free space, then rerun the command")
+    saved = sorted(p.name for p in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
+    if not saved:
+        return (f"{e.strerror} writing {where} (the partial file was removed); no checkpoint had been saved, so "
+                "there is nothing to resume: free space, then rerun the command")
+    return (f"{e.strerror} writing {where}; earlier checkpoints are intact (the partial file was removed; "
+            f"{path.parent} holds {', '.join(saved)}): free space, then rerun with ckpt_path={run_dir_of(path)} "
+            "to resume")

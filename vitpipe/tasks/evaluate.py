@@ -32,6 +32,7 @@ from vitpipe.report.evaluation import (
 )
 from vitpipe.run.checkpoint import load_checkpoint, rebuild
 from vitpipe.run.info import print_summary, write_run_files
+from vitpipe.run.outputs import check_not_input, checkpoint_inputs
 from vitpipe.run.paths import resolve_ckpt_path
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     opts = eval_options(cfg)  # split / calibrate / tta checked before anything loads
     patch_size = model_patch_size(cfg)
     path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best")
+    # the eval's run dir (metrics.json, report/) is not the run it reads (ckpt_path=last resolved; vitpipe.run.outputs)
+    check_not_input(cfg.paths.output_dir, checkpoint_inputs(path, cfg.ckpt_path), key="hydra.run.dir", folder=True)
     checkpoint = load_checkpoint(path)
     refusal = multilabel_refusal(checkpoint.get("vitpipe_config"), opts)  # before any data loads
     if refusal:

@@ -6,7 +6,9 @@
 Both are written beside ``out`` first and checked there against the checkpoint's network (timm: logits
 within 1e-5, loaded back through ``timm.create_model("local-dir:DIR")``; ONNX: within 1e-4 in
 onnxruntime), then renamed to ``out``: a failed check or a kill leaves an earlier export intact. A
-non-empty ``out`` folder is refused unless ``overwrite=true`` (an ONNX file is always replaced).
+non-empty ``out`` folder is refused unless ``overwrite=true`` (an ONNX file is always replaced). ``out`` is
+checked before the checkpoint is read (``vitpipe.run.outputs``): it may not be, contain or lie inside the
+run it exports (an ONNX file may not replace one of its files), and it must be writable.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from vitpipe.export.model_card import model_card
 from vitpipe.export.onnx_format import export_onnx
 from vitpipe.export.staging import check_out_folder
 from vitpipe.export.timm_format import save_timm, timm_arch
+from vitpipe.run.outputs import check_not_input, check_writable, checkpoint_inputs
 from vitpipe.run.paths import run_dir_of
 from vitpipe.tasks.predict import calibration_temperature
 
@@ -47,6 +50,7 @@ def output_path(cfg: DictConfig) -> Path | None:
         raise ConfigError(f"out={cfg.out} is a folder; format=onnx writes one .onnx file: pass a file path")
     if cfg.format == "timm" and out.exists() and not out.is_dir():
         raise ConfigError(f"out={cfg.out} is a file; format=timm writes a folder: pass a folder path")
+    check_writable(out, key="out", folder=cfg.format == "timm")  # a read-only folder, a file in the way, a full disk
     if cfg.format == "timm":
         check_out_folder(out, overwrite=cfg.get("overwrite", False))  # before the checkpoint is read
     return out
@@ -59,6 +63,9 @@ def export(cfg: DictConfig) -> Path:
     out = output_path(cfg)
     path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best",
                              usable=needs_kinds("classifier", command="export"))  # last: the newest classifier run
+    inputs = checkpoint_inputs(path, cfg.ckpt_path)
+    if out is not None:  # overwrite=true would swap the run's own folder out: refused before it is read
+        check_not_input(out, inputs, key="out", folder=cfg.format == "timm")
     checkpoint = load_checkpoint(path)
     built = rebuild(checkpoint, path, paths=cfg.paths, task_name=cfg.task_name)
     net = built.net.cpu().eval()
@@ -70,6 +77,7 @@ def export(cfg: DictConfig) -> Path:
         data = str(built.cfg.data.get("_target_", "")).rsplit(".", 1)[-1] if built.cfg.get("data") else ""
         stem = "_".join(filter(None, [str(built.cfg.model.get("name", "vit")), data.removesuffix("DataModule").lower()]))
         out = Path(cfg.paths.output_dir) / (stem + (".onnx" if cfg.format == "onnx" else ""))
+        check_not_input(out, inputs, key="out", folder=cfg.format == "timm")
 
     thresholds = multilabel_thresholds(path, checkpoint, built)
     if cfg.format == "onnx":

@@ -43,6 +43,7 @@ from vitpipe.errors import ConfigError
 from vitpipe.report.tta import TTAS, tta_logits
 from vitpipe.run.csvfiles import dict_csv_text
 from vitpipe.run.files import atomic_write_text
+from vitpipe.run.outputs import Input, check_not_input, checkpoint_inputs, named_checkpoint_inputs, prepare_output
 
 OUT_SUFFIXES = (".csv", ".json")
 
@@ -372,8 +373,12 @@ def predict(cfg: DictConfig) -> Path:
     check_options(cfg)
     device = resolve_device(cfg.device)
     files, not_images = find_images(cfg.images)
+    # out= never replaces what it reads: the checkpoint, a file of its run, an image (vitpipe.run.outputs)
+    images = [Input(f, f"an image images={cfg.images} reads") for f in files] if Path(str(cfg.out)).exists() else []
+    prepare_output(cfg.out, [*named_checkpoint_inputs(cfg.ckpt_path), *images], key="out", folder=False)
     loaded = load_predictor(cfg.ckpt_path, paths=cfg.paths, task_name=cfg.task_name, device=device, tta=cfg.tta,
                             threshold=cfg.get("threshold"))
+    check_not_input(cfg.out, checkpoint_inputs(loaded.path, cfg.ckpt_path), key="out", folder=False)  # ckpt_path=last
     built, net, captioner, preprocess, temperature = (loaded.built, loaded.net, loaded.captioner, loaded.preprocess,
                                                       loaded.temperature)
     loader = DataLoader(ImageFiles(files, preprocess), batch_size=cfg.batch_size, num_workers=cfg.num_workers,

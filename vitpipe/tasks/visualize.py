@@ -40,6 +40,7 @@ from vitpipe.models.vit import ViT
 from vitpipe.run.checkpoint import load_checkpoint, rebuild
 from vitpipe.run.csvfiles import dict_csv_text
 from vitpipe.run.files import atomic_write_text
+from vitpipe.run.outputs import Input, checkpoint_inputs, prepare_output
 from vitpipe.run.paths import needs_kinds, resolve_ckpt_path
 from vitpipe.viz.faithfulness import FILLS, check_steps, faithfulness_table, format_table
 from vitpipe.viz.overlay import overlay, overlay_grid, save_figure, to_numpy_image, unnormalize
@@ -278,6 +279,9 @@ def visualize(cfg: DictConfig) -> list[Path]:
     device = resolve_device(cfg.device)
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best",
                                   usable=needs_kinds("classifier", "captioner", command="visualize"))
+    # out= is not, holds or lies inside the run or the image folder read (figures there would be read as images)
+    folder = [] if str(cfg.images) in SPLITS else [Input(Path(str(cfg.images)), f"the images images={cfg.images} reads")]
+    prepare_output(cfg.out, [*checkpoint_inputs(ckpt_path, cfg.ckpt_path), *folder], key="out", folder=True)
     checkpoint = load_checkpoint(ckpt_path)
     run = rebuild(checkpoint, ckpt_path, data=cfg.get("data"), paths=cfg.paths, task_name=cfg.task_name)
     net, dm = run.net, run.datamodule
