@@ -199,6 +199,23 @@ def test_data_shards_of_grayscale_images_take_one_channel_and_the_model_follows(
     assert dm.channels == dm.in_chans == 1 and x.shape == (4, 1, 8, 8) and y.max() < 5
 
 
+def test_a_run_config_carries_the_index_facts_so_its_transforms_build_where_the_shards_are_not(gray_shards,
+                                                                                                cfg_factory, tmp_path):
+    cfg = cfg_factory("data=shards", f"data.root={gray_shards}", "model=vit_nano")
+    check_config(cfg)
+    index = json.loads((gray_shards / INDEX_FILE).read_text())
+    facts = {k: cfg.data[k] for k in ("num_classes", "channels", "mean", "std", "native_size")}
+    assert facts == {k: index[k] for k in facts} and facts["native_size"] == [6, 6]
+    elsewhere = tmp_path / "data"  # where predict's rebuild moves a stored root: no index there
+    elsewhere.mkdir()
+    dm = ShardsDataModule(root=str(elsewhere), img_size=8, in_chans=1, **facts)
+    x = dm.transform(train=False)(Image.new("L", (6, 6), 200))
+    expected = (200 / 255 - index["mean"][0]) / index["std"][0]
+    assert x.shape == (1, 8, 8) and abs(float(x.mean()) - expected) < 1e-4  # the run's own normalisation
+    with pytest.raises(ConfigError, match="no shard index"):  # training and eval still need the shards
+        dm.check()
+
+
 def test_a_channel_count_given_against_the_index_is_one_line_naming_both(gray_shards):
     with pytest.raises(ConfigError) as err:
         ShardsDataModule(root=str(gray_shards), channels=3, img_size=8, in_chans=3)
@@ -206,8 +223,8 @@ def test_a_channel_count_given_against_the_index_is_one_line_naming_both(gray_sh
     assert "\n" not in msg and "data.channels=3" in msg and "1-channel images" in msg and "data.channels=1" in msg
 
 
-@pytest.mark.slow  # three script start-ups (make_shards, train, eval: ~30 s on 2 shared cores)
-def test_make_shards_of_digits_then_train_and_eval_on_them_as_typed(tmp_path):
+@pytest.mark.slow  # four script start-ups (make_shards, train, eval, predict: 40-150 s on 2 shared cores)
+def test_make_shards_of_digits_then_train_eval_and_predict_as_typed(tmp_path):
     cwd, out = fresh_checkout(tmp_path / "w"), tmp_path / "S"
     made = run(f"python scripts/make_shards.py data=digits out={out}", cwd)
     assert made.returncode == 0, made.stderr[-2000:]
@@ -220,6 +237,11 @@ def test_make_shards_of_digits_then_train_and_eval_on_them_as_typed(tmp_path):
                      "++trainer.limit_test_batches=2"], cwd)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert "test/acc" in evaluated.stdout
+    Image.new("L", (8, 8), 90).save(tmp_path / "digit.png")
+    predicted = run(["python", "scripts/predict.py", f"ckpt_path={run_dir}", f"images={tmp_path / 'digit.png'}",
+                     f"out={tmp_path / 'p.csv'}"], cwd)  # the stored root moves under data/: no index there
+    assert predicted.returncode == 0, predicted.stderr[-2000:]
+    assert "digit.png" in (tmp_path / "p.csv").read_text()
 
 
 # ---- item 10: a directory-link loop in an image folder is one line, before anything starts ------------
@@ -248,3 +270,13 @@ def test_train_on_an_image_folder_with_a_link_loop_prints_one_line(tmp_path):
     assert r.returncode == 2, r.stderr[-2000:]
     lines = (r.stdout + r.stderr).strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("vitpipe: error: imagefolder: train/cat/loop is a directory link"), lines
+
+
+def test_the_record_of_what_a_split_was_written_from_never_holds_storage_credentials():
+    from omegaconf import OmegaConf
+
+    from vitpipe.tasks.make_shards import _settings
+
+    data = OmegaConf.create({"_target_": "vitpipe.data.shards.ShardsDataModule", "root": "s3://b/p", "seed": 3,
+                             "storage_options": {"aws_secret_access_key": "SECRET"}, "cache_dir": "/scratch"})
+    assert _settings(data) == {"_target_": "vitpipe.data.shards.ShardsDataModule", "root": "s3://b/p", "seed": 3}

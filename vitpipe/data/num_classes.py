@@ -13,32 +13,45 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from vitpipe.errors import ConfigError
 
-# key -> the data class's static method that reads it from the data's files (shards: the index also
-# holds the channel count, so data.channels null gives model.in_chans = ${data.channels} its number)
-FROM_FILES = {"num_classes": "num_classes_of", "channels": "channels_of"}
+
+# What a data config may leave null for its files to say. A data class reads them with ``facts_of(data)``
+# (several from one read: a shard index holds the class and channel counts, so model.in_chans =
+# ${data.channels} follows grayscale shards, and mean/std and the native size) or, for the class count
+# alone, ``num_classes_of(data)`` (an image folder's class folders).
+FACTS = ("num_classes", "channels", "mean", "std", "native_size")
 
 
 def resolve_num_classes(data) -> None:
-    """Fill ``data.num_classes`` (and ``data.channels``) in place when null and the data's target can
-    read it from its files."""
+    """Fill ``data.num_classes`` (and the other FACTS the data's target reads) in place when null."""
     if not isinstance(data, DictConfig):
         return
-    for key, method in FROM_FILES.items():
-        if key not in data:
-            continue
+    try:
+        if "root" in data and OmegaConf.is_missing(data, "root"):
+            return
+        null = [k for k in FACTS if k in data and not OmegaConf.is_missing(data, k) and data[k] is None]
+        target = data.get("_target_")
+    except OmegaConfBaseException:
+        return  # a bad interpolation: the config checks name it
+    if not null:
+        return  # given, or missing (???): the config checks name what to set
+    cls = _data_class(target)
+    if hasattr(cls, "facts_of"):
         try:
-            if OmegaConf.is_missing(data, key) or data[key] is not None:
-                continue  # given, or missing (???): the config checks name what to set
-            if OmegaConf.is_missing(data, "root"):
-                return
-            target = data.get("_target_")
-        except OmegaConfBaseException:
-            return  # a bad interpolation: the config checks name it
-        count = getattr(_data_class(target), method, None)
-        if count is not None:
-            with open_dict(data):
-                data[key] = int(count(data))
+            facts = cls.facts_of(data)
+        except ConfigError:
+            if "num_classes" in null or "channels" in null:
+                raise
+            return  # only mean/std/native size left to the files: the data module reads them and says what is wrong
+        found = {k: facts[k] for k in null if k in facts}
+    elif "num_classes" in null and hasattr(cls, "num_classes_of"):
+        found = {"num_classes": int(cls.num_classes_of(data))}
+    else:
+        return
+    with open_dict(data):
+        for key, value in found.items():
+            data[key] = value
 
 
 def _data_class(target):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import inspect
 import io
-import json
 import os
 import tempfile
 
@@ -37,6 +36,7 @@ from vitpipe.data.multilabel import MultiLabelSubset
 from vitpipe.data.object_store import check_s3, is_s3
 from vitpipe.data.sampler import ShardedSampler
 from vitpipe.errors import ConfigError
+from vitpipe.run.jsonfiles import loads
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata asks PyPI per process otherwise (offline)
 
@@ -79,7 +79,7 @@ def read_index(root: str, cache_dir: str | None = None, storage_options: dict | 
         check_s3(root, storage_options, need=INDEX_FILE)
     try:
         with open(_fetch(root, INDEX_FILE, cache_dir, storage_options)) as f:
-            index = json.load(f)
+            index = loads(f.read())  # depth-bounded (vitpipe.run.jsonfiles): never a RecursionError
     except FileNotFoundError:
         raise ConfigError(f"data.root={root}: no shard index {where}{hint}") from None
     except ValueError as err:
@@ -258,6 +258,11 @@ class ShardsDataModule(ClassificationDataModule):
     ``sampler=balanced`` (its draws with replacement jump between chunks; balance the classes when
     writing the shards). Multi-label shards (``multilabel``: from the index) give multi-hot (C,) float32
     targets, for ``module.task=multilabel``; NaFlex is refused on them as on a multi-label image folder.
+
+    A run's config carries the index's facts (``facts_of``: class and channel counts, mean/std, native
+    size, filled in at check_config), so the data module of a stored run builds where its shards are not
+    (predict, export, serve and demo read no data file: the stored root moves under ``paths.data_dir``);
+    check() and setup() still need the index.
     """
 
     has_val_split = True  # make_shards always writes val/
@@ -265,7 +270,7 @@ class ShardsDataModule(ClassificationDataModule):
     def __init__(self, *, root: str, channels: int | None = None, num_classes: int | None = None,
                  cache_dir: str | None = None,
                  storage_options: dict | None = None, fast_path: bool = False, sampler: str = "default",
-                 repeated_aug: int = 1, mean=None, std=None,
+                 repeated_aug: int = 1, mean=None, std=None, native_size=None,
                  **kwargs) -> None:  # fmt: skip
         if root is None or not str(root).strip():
             raise ConfigError("data.root is required for shards (a folder or URL written by scripts/make_shards.py)")
@@ -280,12 +285,19 @@ class ShardsDataModule(ClassificationDataModule):
                               "streamed in order, not drawn per image); use data.repeated_aug=1")  # fmt: skip
         self.cache_dir = None if cache_dir is None else str(cache_dir)
         self.storage_options = _plain(storage_options)
-        self.index = read_index(str(root), self.cache_dir, self.storage_options)
-        idx = self.index
+        try:
+            self.index = read_index(str(root), self.cache_dir, self.storage_options)
+        except ConfigError:
+            if None in (num_classes, channels, mean, std):
+                raise
+            self.index = None  # a stored run's facts (its shards are elsewhere): enough for transforms; check() reads it
+        idx = self.index or {"source": "data", "num_classes": num_classes, "channels": channels, "mean": mean,
+                             "std": std, "native_size": native_size, "class_names": None}  # fmt: skip
         info = DatasetInfo(
             name=f"shards of {idx.get('source', 'data')}", num_classes=int(idx["num_classes"]),
             channels=int(idx["channels"]), native_size=None if idx["native_size"] is None else tuple(idx["native_size"]),
-            mean=tuple(idx["mean"]), std=tuple(idx["std"]), class_names=tuple(idx["class_names"]),
+            mean=tuple(idx["mean"]), std=tuple(idx["std"]),
+            class_names=None if idx["class_names"] is None else tuple(idx["class_names"]),
         )  # fmt: skip
         num_classes = info.num_classes if num_classes is None else num_classes  # a number given is checked
         if channels is not None and channels != info.channels:
@@ -296,7 +308,7 @@ class ShardsDataModule(ClassificationDataModule):
             kwargs["in_chans"] = channels
         super().__init__(info=info, root=str(root).rstrip("/"), num_classes=num_classes, channels=channels,
                          fast_path=False, sampler=sampler, mean=mean, std=std, **kwargs)  # fmt: skip
-        self.multilabel = is_multilabel_index(idx)  # batches carry multi-hot (B, C) float targets
+        self.multilabel = self.index is not None and is_multilabel_index(idx)  # batches carry multi-hot (B, C) targets
         if self.multilabel and self.naflex is not None:
             raise ConfigError(f"data.naflex.enabled=true takes one class per image; data.root={self.root} holds "
                               "multi-label shards: set data.naflex.enabled=false")
@@ -308,12 +320,18 @@ class ShardsDataModule(ClassificationDataModule):
         return int(_index_of(data)["num_classes"])
 
     @staticmethod
-    def channels_of(data) -> int:
-        """The channel count of a data config whose ``channels`` is null: the shard index's, as for the
-        class count (so ``model.in_chans``, ``${data.channels}``, follows grayscale shards)."""
-        return int(_index_of(data)["channels"])
+    def facts_of(data) -> dict:
+        """What the shard index says that a data config may leave null, in one read: the class and channel
+        counts (``model.num_classes`` and ``model.in_chans`` follow them), mean/std and the native size (so
+        a stored run's config builds its transforms without the index)."""
+        index = _index_of(data)
+        return {"num_classes": int(index["num_classes"]), "channels": int(index["channels"]),
+                "mean": [float(m) for m in index["mean"]], "std": [float(s) for s in index["std"]],
+                "native_size": None if index["native_size"] is None else [int(n) for n in index["native_size"]]}
 
     def check(self) -> None:
+        if self.index is None:  # built from a stored run's facts: training and eval read the shards themselves
+            self.index = read_index(self.root, self.cache_dir, self.storage_options)
         if not is_url(self.root):  # a URL's chunks are checked by LitData as they download
             for split, meta in self.index["splits"].items():
                 if not meta["count"]:

@@ -339,10 +339,13 @@ def _settings(data) -> dict | None:
     """The data config as plain values (stored in each split's record, to name what changed on a re-run)."""
     from omegaconf import OmegaConf
 
+    from vitpipe.run.stored import LOCAL_KEYS
+
     try:
-        return OmegaConf.to_container(data, resolve=True)
+        settings = OmegaConf.to_container(data, resolve=True)
     except Exception:  # noqa: BLE001 - only an explanation: a value that does not resolve leaves it out
         return None
+    return {k: v for k, v in settings.items() if k not in LOCAL_KEYS}  # never storage credentials or caches
 
 
 def _label(ds, i: int) -> int:
@@ -371,10 +374,6 @@ def make_shards_from_config(cfg) -> dict:
                           "folder and copy it with the store's own tool")
     if is_s3(out):
         check_s3(out, storage_options, key="out")  # before any image is converted
-    else:  # not the data it converts, nor in it; writable (vitpipe.run.outputs), before any image is read
-        from vitpipe.run.outputs import data_inputs, prepare_output
-
-        prepare_output(out, data_inputs(cfg.data), key="out", folder=True)
     dm = instantiate(cfg.data)
     if not isinstance(dm, ClassificationDataModule):
         raise ConfigError(f"data={cfg.data._target_}: make_shards converts classification data sets only")
