@@ -374,6 +374,10 @@ def make_shards_from_config(cfg) -> dict:
                           "folder and copy it with the store's own tool")
     if is_s3(out):
         check_s3(out, storage_options, key="out")  # before any image is converted
+    else:  # not the data it converts, nor in it; writable (vitpipe.run.outputs), before any image is read
+        from vitpipe.run.outputs import data_inputs, prepare_output
+
+        prepare_output(out, data_inputs(cfg.data), key="out", folder=True)
     dm = instantiate(cfg.data)
     if not isinstance(dm, ClassificationDataModule):
         raise ConfigError(f"data={cfg.data._target_}: make_shards converts classification data sets only")
