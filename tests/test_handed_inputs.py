@@ -241,6 +241,19 @@ def test_deep_thresholds_json_is_a_config_error(tmp_path):
         find_thresholds(ckpt, {"global_step": 1}, ["a", "b"])
 
 
+def test_deep_data_set_json_files_are_config_errors(tmp_path):
+    """The JSON files of a data set (COCO captions, a shard index) nested 1,000 deep: one ConfigError line."""
+    from vitpipe.data.captions.coco import read_coco_captions
+    from vitpipe.data.shards import INDEX_FILE, read_index
+
+    (tmp_path / "captions.json").write_text(deep_json())
+    with pytest.raises(ConfigError, match=rf"captions\.json' is not valid JSON: the JSON is nested {DEEP + 1} levels deep"):
+        read_coco_captions(tmp_path / "captions.json", tmp_path)
+    (tmp_path / INDEX_FILE).write_text(deep_json())
+    with pytest.raises(ConfigError, match=rf"is not a shard index \(the JSON is nested {DEEP + 1} levels deep"):
+        read_index(str(tmp_path))
+
+
 def asgi_call(app, body: bytes, content_type: bytes = b"application/json") -> tuple[int, dict]:
     """One POST /predict through an ASGI app: (status, JSON body)."""
     sent, messages = [], [{"type": "http.request", "body": body, "more_body": False}]

@@ -12,7 +12,6 @@ remembers the files that decoded, by path + mtime + size, so a second run decode
 
 import errno
 import hashlib
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +21,7 @@ from PIL import Image, ImageOps
 from tqdm import tqdm
 
 from vitpipe.run.files import atomic_write_json
+from vitpipe.run.jsonfiles import loads
 
 # torchvision's IMG_EXTENSIONS and GIF (its first frame): formats Pillow decodes in every build
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".pgm", ".png", ".ppm", ".tif", ".tiff", ".webp")
@@ -88,7 +88,7 @@ def find_bad_images(paths: list[str], *, folder: str) -> dict[str, str]:
     """
     cache = _cache_file(folder)
     try:
-        known = json.loads(cache.read_text())
+        known = loads(cache.read_text())  # depth-bounded (vitpipe.run.jsonfiles): a broken cache is just rebuilt
     except (OSError, ValueError):
         known = {}
     stamps = {p: _stamp(p) for p in paths}

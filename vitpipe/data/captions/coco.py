@@ -13,7 +13,6 @@ Images are read with PIL, converted to RGB (or L for ``in_chans=1``), resized to
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +23,7 @@ from torchvision import transforms as T
 
 from vitpipe.data.captions.base import SPLITS, CaptionDataModule
 from vitpipe.errors import ConfigError
+from vitpipe.run.jsonfiles import loads
 
 KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "val", "test": "test"}
 
@@ -32,8 +32,8 @@ def _read_json(path: Path, what: str) -> dict:
     if not path.is_file():
         raise ConfigError(f"{what} {str(path)!r} does not exist; check data.root and the file name")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        return loads(path.read_text())  # depth-bounded (vitpipe.run.jsonfiles): never a RecursionError
+    except ValueError as e:
         raise ConfigError(f"{what} {str(path)!r} is not valid JSON: {e}") from e
 
 
