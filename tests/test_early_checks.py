@@ -5,6 +5,7 @@ infinity that torch's own checks let through (``weight_decay=inf`` stopped the r
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from user_shell import fresh_checkout, run
@@ -107,3 +108,94 @@ def test_train_cli_says_the_bad_value_in_one_line_before_the_data_is_touched(tmp
     if override == "seed=-5":
         ok = run(["python", "scripts/train.py", "seed=5", *data[:-1], f"hydra.run.dir={tmp_path / 'run2'}"], work)
         assert ok.returncode == 2 and "no-images/train does not exist" in ok.stderr.strip().splitlines()[-1], ok.stderr
+
+
+# --------------------------------------------------------------------------- checkpoint writes (12b)
+
+
+@pytest.mark.parametrize("every", [None, 3])
+def test_each_epoch_end_writes_last_ckpt_once_and_the_best_checkpoint(cfg_factory, monkeypatch, every):
+    """Every save counted (the checkpoint IO wrapped) over 2 epochs of 6 steps: last.ckpt is written once at
+    each epoch end (and at each other N-th step with last_every_n_train_steps=N), and the best checkpoint is
+    written at the end of the first epoch. A last.ckpt saved at a step boundary used to make Lightning skip
+    the top-k save of that step: with N dividing the epoch, no best checkpoint was ever written."""
+    import vitpipe.lit.checkpointing as checkpointing
+    from vitpipe.tasks.train import train
+
+    writes: list[tuple[str, int]] = []
+    save = checkpointing.AtomicCheckpointIO.save_checkpoint
+
+    def counted(self, checkpoint, path, storage_options=None):
+        writes.append((Path(path).name, checkpoint["global_step"]))
+        return save(self, checkpoint, path, storage_options)
+
+    monkeypatch.setattr(checkpointing.AtomicCheckpointIO, "save_checkpoint", counted)
+    cfg = cfg_factory("debug=fast", "logger=none", "trainer.max_epochs=2", "trainer.limit_train_batches=6",
+                      "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", "module.optimizer.lr=0.01",
+                      f"callbacks.model_checkpoint.last_every_n_train_steps={'null' if every is None else every}")
+    train(cfg)
+    last = [step for name, step in writes if name == "last.ckpt"]
+    steps = sorted({6, 12} | ({s for s in range(1, 13) if s % every == 0} if every else set()))
+    assert last == steps, writes  # once each: no step written twice, none left out
+    best = [(name, step) for name, step in writes if name.startswith("epoch_")]
+    assert best and best[0] == ("epoch_000.ckpt", 6), writes
+    assert len(best) == len(set(best)), writes
+
+
+# --------------------------------------------------------------------------- what leaves vitpipe (16)
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory) -> Path:
+    """A real training run of the default config (vit_nano on the digits), debug=fast."""
+    import tiny_checkpoints as tc
+
+    return tc.trained_run(tmp_path_factory.mktemp("default_run"))
+
+
+@pytest.mark.slow  # a training run, an ONNX export and predict: ~45 s on a shared 2-core machine
+def test_onnx_of_a_default_run_carries_classes_and_preprocessing_a_consumer_reproduces_predict_with(
+        default_run, tmp_path):
+    """Someone with only the .onnx file: its metadata (read by onnxruntime) names the classes, the task, the
+    input size, mode, mean, std and resize rule; feeding a PNG prepared by those alone gives predict.py's
+    probabilities and label for that file."""
+    import json
+
+    import numpy as np
+    import onnxruntime as ort
+    from conftest import make_cfg
+    from PIL import Image
+
+    from vitpipe.tasks.export import export
+    from vitpipe.tasks.predict import predict
+
+    out = export(make_cfg(tmp_path / "e", [f"ckpt_path={default_run}", "format=onnx", f"out={tmp_path / 'm.onnx'}"],
+                          config_name="export"))
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    meta = session.get_modelmeta().custom_metadata_map
+    assert meta["task"] == "multiclass" and meta["producer"] == "vitpipe" and "softmax" in meta["outputs"]
+    names = json.loads(meta["label_names"])
+    assert names == [str(i) for i in range(10)] and meta["num_classes"] == "10"  # the digits' classes
+    C, H, W = json.loads(meta["input_size"])
+    mean, std = np.array(json.loads(meta["mean"])), np.array(json.loads(meta["std"]))
+    assert (H, W) == (8, 8) and len(mean) == len(std) == C and (std > 0).all()
+    assert meta["image_mode"] in ("L", "RGB") and meta["interpolation"] == "bilinear" and meta["inputs"] == "images"
+    assert meta["crop_mode"] == "squash" and float(meta["crop_pct"]) == 1.0
+
+    rng = np.random.default_rng(0)
+    files = tmp_path / "files"
+    files.mkdir()
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 256, (12, 10), dtype=np.uint8)).save(files / f"{i}.png")
+    rows = predict(make_cfg(tmp_path / "p", [f"ckpt_path={default_run}", f"images={files}", "device=cpu",
+                                             f"out={tmp_path / 'preds.json'}", "topk=1"], config_name="predict"))
+    expected = {Path(r["path"]).name: r for r in json.loads(rows.read_text())}
+    for f in sorted(files.iterdir()):
+        image = Image.open(f).convert(meta["image_mode"]).resize((W, H), Image.Resampling.BILINEAR)
+        x = np.asarray(image, dtype=np.float32).reshape(H, W, -1) / 255.0  # (H, W, channels)
+        x = np.broadcast_to(x, (H, W, C)) if x.shape[-1] != C else x  # grayscale repeated to the input's channels
+        x = ((x - mean) / std).transpose(2, 0, 1)[None].astype(np.float32)  # (1, C, H, W)
+        logits = session.run(None, {meta["inputs"]: x})[0][0]
+        probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+        assert names[int(probs.argmax())] == expected[f.name]["label"], f.name
+        assert abs(float(probs.max()) - expected[f.name]["prob"]) < 1e-4, f.name

@@ -52,7 +52,9 @@ class BestAndLastCheckpoint(ModelCheckpoint):
     ``ckpt_path=last`` silently retrained the epochs after it. Here ``last.ckpt`` is also written
     at the end of every training epoch and, with ``last_every_n_train_steps=N``, after every N-th
     optimizer step, whatever the monitored metric did. Lightning's own ``_save_last_checkpoint``
-    writes it, so its bookkeeping (``last_model_path``, loggers) stays as Lightning keeps it.
+    writes it, so its bookkeeping (``last_model_path``, loggers) stays as Lightning keeps it. Each state is
+    written once: an N-th step that ends an epoch is left to the epoch end (after validation and the best
+    checkpoint), and these writes do not count as Lightning's save of the step, which would skip the best.
 
     No version counter: Lightning writes ``last-v1.ckpt`` when it finds a ``last.ckpt`` it did not
     write itself, e.g. the one ``PreemptionCheckpoint`` saved before a requeue, which left the
@@ -73,7 +75,8 @@ class BestAndLastCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         n = self.last_every_n_train_steps
-        if n and trainer.global_step % n == 0:
+        # the epoch's last batch: on_train_epoch_end writes last.ckpt once, after validation and the best
+        if n and trainer.global_step % n == 0 and not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
             self._refresh_last(trainer)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
@@ -93,7 +96,11 @@ class BestAndLastCheckpoint(ModelCheckpoint):
         if (not self.save_last or trainer.fast_dev_run or trainer.sanity_checking
                 or trainer.state.fn != TrainerFn.FITTING or self._last_written_step == trainer.global_step):
             return
+        # Lightning skips every save at a step it has saved at (_last_global_step_saved): a last.ckpt of ours
+        # must not count, or the validation that follows this step never writes the best checkpoint
+        saved_step = self._last_global_step_saved
         self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        self._last_global_step_saved = saved_step
 
 
 _NOT_CAUGHT = object()
