@@ -366,21 +366,21 @@ HEADERS = b"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: applicati
 
 def test_slow_clients_are_closed_at_the_deadline_while_good_requests_are_answered():
     """30 clients dripping their headers a byte at a time and one dripping its body: a good /predict is
-    answered at once meanwhile, and the server answers each slow one 408 and closes it at its deadline
-    (1.5 s), not later; uvicorn alone kept them open for as long as they dripped."""
+    answered meanwhile, before any slow one is closed, and the server answers each slow one 408 and closes
+    it at its deadline (3 s), not later; uvicorn alone kept them open for as long as they dripped."""
     from vitpipe.tasks.serving.connections import guarded_protocol
     from vitpipe.tasks.serving.edge import RequestGate
 
     app = RequestGate(echo_model, max_body_bytes=10**6)
-    proto = guarded_protocol(header_timeout_s=1.5, body_timeout_s=1.5, max_connections=64)
+    proto = guarded_protocol(header_timeout_s=3, body_timeout_s=3, max_connections=64)
     with Uvicorn(app, http=proto, timeout_keep_alive=1) as server:
         slow = connect(30, server.port)
         body_slow = connect(1, server.port)
         result = {}
-        drippers = [threading.Thread(target=lambda: result.update(drip(slow, HEADERS, seconds=6))),
+        drippers = [threading.Thread(target=lambda: result.update(drip(slow, HEADERS, seconds=8))),
                     threading.Thread(target=lambda: result.update(drip(
                         body_slow, b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                                   b"Content-Length: 100000\r\n\r\n{", seconds=6)))]
+                                   b"Content-Length: 100000\r\n\r\n{", seconds=8)))]
         for t in drippers:
             t.start()
         time.sleep(0.5)
@@ -389,11 +389,11 @@ def test_slow_clients_are_closed_at_the_deadline_while_good_requests_are_answere
         answered_in = time.monotonic() - t0
         for t in drippers:
             t.join(10)
-    assert good.status_code == 200 and good.json()["labels"] == ["ok"] and answered_in < 1.0, (good.text, answered_in)
+    assert good.status_code == 200 and good.json()["labels"] == ["ok"] and answered_in < 2.0, (good.text, answered_in)
     assert set(result) == set(slow) | set(body_slow), f"{len(set(slow) | set(body_slow)) - len(result)} slow client(s) still open"
     answered = 0
     for s, (after, data) in result.items():
-        assert 1.3 <= after <= 2.5, after
+        assert 2.8 <= after <= 4.5, after
         s.close()
         if not data:  # the close reset the connection (our drips unread in the server's buffer): the 408 is lost
             continue
@@ -452,11 +452,11 @@ def test_serve_options_for_slow_clients_are_checked(tmp_path, monkeypatch):
 def test_serve_as_typed_refuses_deep_json_and_closes_slow_clients(tmp_path, folder_ckpt):
     """scripts/serve.py as typed (its own process, LitServe's uvicorn): a 2 KB body nested 1,000 deep is a
     JSON 400 (it was a plain-text 500 and a RecursionError in the log); 30 clients dripping headers are
-    answered 408 and closed at header_timeout_s while a good /predict is answered meanwhile."""
+    answered 408 and closed at header_timeout_s (4 s) while a good /predict is answered meanwhile."""
     from test_serve import b64, start_server, stop, wait_ready
 
     image = tc.write_image_folder(tmp_path / "imgs") / "train" / "cat" / "0.png"
-    server = start_server(tmp_path / "server", f"ckpt_path={folder_ckpt}", "header_timeout_s=2", "body_timeout_s=2",
+    server = start_server(tmp_path / "server", f"ckpt_path={folder_ckpt}", "header_timeout_s=4", "body_timeout_s=4",
                           "max_connections=64")
     try:
         wait_ready(server)
@@ -466,7 +466,7 @@ def test_serve_as_typed_refuses_deep_json_and_closes_slow_clients(tmp_path, fold
         assert deep.status_code == 400 and f"nested {DEEP + 1} levels deep" in deep.json()["detail"], deep.text
 
         slow, result = connect(30, port), {}
-        dripper = threading.Thread(target=lambda: result.update(drip(slow, HEADERS, seconds=8)))
+        dripper = threading.Thread(target=lambda: result.update(drip(slow, HEADERS, seconds=10)))
         dripper.start()
         time.sleep(0.5)
         t0 = time.monotonic()
@@ -476,9 +476,9 @@ def test_serve_as_typed_refuses_deep_json_and_closes_slow_clients(tmp_path, fold
         log = server.log.read_text()
     finally:
         stop([server])
-    assert good.status_code == 200 and len(good.json()["labels"]) == 3 and answered_in < 1.5, (good.text, answered_in)
-    assert set(result) == set(slow), f"{len(slow) - len(result)} slow client(s) still open after 8 s"
-    assert all(1.8 <= after <= 3.5 and data[:13] in (b"", b"HTTP/1.1 408 ") for after, data in result.values()), \
+    assert good.status_code == 200 and len(good.json()["labels"]) == 3 and answered_in < 3.0, (good.text, answered_in)
+    assert set(result) == set(slow), f"{len(slow) - len(result)} slow client(s) still open after 10 s"
+    assert all(3.8 <= after <= 6.0 and data[:13] in (b"", b"HTTP/1.1 408 ") for after, data in result.values()), \
         sorted((round(a, 2), d[:20]) for a, d in result.values())  # b"": the close reset the connection
     assert "RecursionError" not in log and "Traceback" not in log, log[-3000:]
-    assert "connections: at most 64 open; headers within 2 s" in log  # the banner names the limits
+    assert "connections: at most 64 open; headers within 4 s" in log  # the banner names the limits
