@@ -10,6 +10,12 @@ p*q*C) float, ``patch_coord`` (B, N, 2) int64, ``patch_valid`` (B, N) bool, dyna
 the positions of every grid of at most ``max_seq_len`` patches precomputed by the model itself, looked up
 per token, so the graph has no per-image Python loop).
 
+Every file carries what someone holding only it needs (``consumer_metadata``, in ``metadata_props``:
+onnxruntime's ``session.get_modelmeta().custom_metadata_map``): the task and how to read the outputs, the
+class names in logit order (the indices as strings when the run has none), the input size and image mode,
+mean, std, interpolation and crop rule of the run's eval transform (timm's ``pretrained_cfg`` terms), and for
+NaFlex the sequence limit and patch size; a multi-label file adds its thresholds.
+
 The file is written through ``atomic_write``: the exporter's bytes go to a temporary file beside
 ``out`` and are run in onnxruntime against PyTorch before that file is renamed to ``out``. A kill at
 any moment leaves the old ``out`` (or none) plus at worst a temporary file, which the next export to
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 from pathlib import Path
 
@@ -37,12 +44,14 @@ ONNX_TOLERANCE = 1e-4  # max abs logit difference between onnxruntime and PyTorc
 ONNX_MAX_BYTES = 2**31  # protobuf's limit on one serialized message: the whole self-contained file
 
 
-def export_onnx(net: nn.Module, spec: InputSpec, out: Path, *, metadata: dict[str, str] | None = None) -> float:
+def export_onnx(net: nn.Module, spec: InputSpec, out: Path, *, metadata: dict[str, str] | None = None,
+                class_names: list | None = None) -> float:
     """Write ``net`` (images (B, in_chans, H, W) -> logits (B, classes)) to ``out``; returns the max
     abs difference of onnxruntime's logits from PyTorch's on a random batch of 3. A model failing that
-    check is not written (ExportCheckError; an earlier ``out`` stays as it was). ``metadata``: strings
-    stored in the file's ``metadata_props`` (onnxruntime: ``session.get_modelmeta().custom_metadata_map``),
-    e.g. a multi-label model's ``outputs: sigmoid`` and thresholds."""
+    check is not written (ExportCheckError; an earlier ``out`` stays as it was). The file's ``metadata_props``
+    (onnxruntime: ``session.get_modelmeta().custom_metadata_map``) hold ``consumer_metadata(net, spec,
+    class_names)`` updated with ``metadata``, e.g. a multi-label model's ``multi_label``, ``outputs: sigmoid``
+    and thresholds."""
     if hasattr(net, "generate"):
         raise ConfigError("format=onnx exports classifiers; this checkpoint is a captioner "
                           "(its decoding loop is not one graph): use scripts/predict.py for captions")
@@ -53,6 +62,8 @@ def export_onnx(net: nn.Module, spec: InputSpec, out: Path, *, metadata: dict[st
     if size >= ONNX_MAX_BYTES:
         raise ConfigError(f"format=onnx writes one self-contained file, and ONNX (protobuf) holds at most 2 GB in "
                           f"one: this network's weights are {size / 1e9:.2f} GB; use format=timm")
+    multilabel = (metadata or {}).get("multi_label") == "true"
+    metadata = {**consumer_metadata(net, spec, class_names, multilabel=multilabel), **(metadata or {})}
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(out.parent, name=out.name)  # what earlier killed exports left
     diffs = []
@@ -77,6 +88,42 @@ def export_onnx(net: nn.Module, spec: InputSpec, out: Path, *, metadata: dict[st
     except ExportCheckError as e:
         raise ExportCheckError(f"{e}; nothing was written to {out}") from None
     return max(diffs)
+
+
+def consumer_metadata(net: nn.Module, spec: InputSpec, class_names: list | None = None, *,
+                      multilabel: bool = False) -> dict[str, str]:
+    """The ``metadata_props`` of a classifier export: strings (lists and sizes as JSON) that let someone
+    with only the file feed it an image and name its answer, as ``vitpipe.data.preprocess`` does."""
+    n = int(net.num_classes)
+    names = [str(c) for c in class_names] if class_names and len(class_names) == n else [str(i) for i in range(n)]
+    read = ("a sigmoid per class (multi-label)" if multilabel else "softmax over classes for probabilities")
+    meta = {
+        "producer": "vitpipe",
+        "task": "multilabel" if multilabel else "multiclass",
+        "num_classes": str(n),
+        "label_names": json.dumps(names),  # in logit order
+        "outputs": f"logits (batch, {n}) in label_names order; {read}",
+        "image_mode": spec.mode,  # PIL mode a file is converted to first
+        "input_size": json.dumps([spec.in_chans, *spec.img_size]),  # (C, H, W) of the input
+        "mean": json.dumps(list(spec.mean)),  # per input channel
+        "std": json.dumps(list(spec.std)),
+        "interpolation": spec.interpolation,
+        "crop_mode": spec.crop_mode,
+        "crop_pct": str(spec.crop_pct),
+    }
+    if spec.max_seq_len is not None:
+        meta |= {"inputs": ", ".join(NAFLEX_KEYS), "max_seq_len": str(spec.max_seq_len),
+                 "patch_size": json.dumps(list(net.patch_size)),
+                 "preprocess": "convert to image_mode, pixels / 255, (x - mean) / std per channel, then resize at the "
+                               f"image's own aspect ({spec.interpolation}) to the largest grid of at most max_seq_len "
+                               "patches of patch_size; patches in timm NaFlex order (row-major, (p, q, C) each)"}
+    else:
+        fit = ("resize the shorter side to the input size / crop_pct, centre crop to input_size"
+               if spec.crop_mode == "center" else "resize (squash) to input_size")
+        meta |= {"inputs": "images", "preprocess": f"convert to image_mode, {fit} ({spec.interpolation}), pixels / 255, "
+                                                   "(x - mean) / std per channel; a grayscale image repeated to "
+                                                   "input_size's channels"}
+    return meta
 
 
 def with_metadata(model: bytes, metadata: dict[str, str] | None) -> bytes:

@@ -81,7 +81,8 @@ def export(cfg: DictConfig) -> Path:
 
     thresholds = multilabel_thresholds(path, checkpoint, built)
     if cfg.format == "onnx":
-        diff = export_onnx(net, spec, out, metadata=onnx_metadata(thresholds, built.class_names))
+        diff = export_onnx(net, spec, out, metadata=onnx_metadata(thresholds, built.class_names),
+                           class_names=built.class_names)  # the file names its classes, input and preprocessing
         print(f"vitpipe export: {out} ({out.stat().st_size / 1e6:.2f} MB; onnxruntime logits within {diff:.2g} "
               "of PyTorch's)")
         return out
