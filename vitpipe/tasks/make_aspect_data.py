@@ -27,7 +27,6 @@ N x N, bicubic: the baseline of a fixed-size model that squashes every image to 
 from __future__ import annotations
 
 import argparse
-import csv
 import gzip
 import io
 import math
@@ -43,6 +42,7 @@ from tqdm import tqdm
 from vitpipe.data.fashion_mnist import DEBIAN_DIR, FASHION_MNIST
 from vitpipe.errors import ConfigError
 from vitpipe.export.staging import staged_folder
+from vitpipe.run.csvfiles import dict_csv_text
 
 MAX_ASPECT = 3.0  # canvases span W/H in [1/MAX_ASPECT, MAX_ASPECT]
 SOURCE_FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
@@ -206,10 +206,7 @@ def data_set_parser(description: str, *, what: str) -> argparse.ArgumentParser:
 
 def write_manifest(path: Path, rows: list[dict], fields) -> None:
     """``rows`` as a CSV with the header ``fields`` (inside a staged folder: renamed with it)."""
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+    Path(path).write_text(dict_csv_text(rows, list(fields)), encoding="utf-8")  # vitpipe's one CSV writer
 
 
 def parse_args(argv=None) -> argparse.Namespace:
