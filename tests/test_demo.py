@@ -332,3 +332,35 @@ def test_screenshot_command_writes_the_page_with_its_answer(ckpts, tmp_path, mon
     with Image.open(out) as png:
         assert png.width >= 1000 and png.height >= 600
     assert "00001_6.png" in capsys.readouterr().out  # the second test-split example was uploaded
+
+
+# --------------------------------------------------------------------------- the page's API (gradio_client)
+
+
+@pytest.mark.slow  # Gradio's server and client: ~30 s on a shared 2-core machine
+def test_gradio_client_finds_the_documented_classify_endpoint_and_gets_predict_pys_labels(ckpts, images, tmp_path):
+    """A client relies on the endpoint's name (docs/demo.md): a classifier's page offers exactly /classify
+    (Gradio auto-named the image and method triggers /on_image and /on_image_1), taking (image, method) and
+    answering predict.py's top-k for the file."""
+    from gradio_client import Client, handle_file
+
+    ckpt = ckpts("learned")
+    cfg = demo_cfg(tmp_path, ckpt, f"port={browser_page.free_port()}", "num_examples=0")
+    page = demo_task.build_page(demo_task.load_model(cfg), cfg, [])
+    page.queue()
+    _, url, _ = page.launch(server_name="127.0.0.1", server_port=cfg.port, prevent_thread_lock=True, quiet=True,
+                            ssr_mode=False)
+    try:
+        client = Client(url, verbose=False)
+        endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+        assert sorted(endpoints) == ["/classify"], sorted(endpoints)
+        assert [p["parameter_name"] for p in endpoints["/classify"]["parameters"]] == ["image", "method"]
+        image = sorted(images.glob("*.png"))[0]
+        expected = row_topk(predict_json(tmp_path / "p", ckpt, image, "topk=5")[image.name])
+        label, *_ = client.predict(image=handle_file(str(image)), method="gradient", api_name="/classify")
+        assert label["label"] == expected[0][0]
+        got = [(c["label"], c["confidence"]) for c in label["confidences"]]
+        assert [n for n, _ in got] == [n for n, _ in expected]
+        np.testing.assert_allclose([p for _, p in got], [p for _, p in expected], atol=1e-6, rtol=0)
+    finally:
+        page.close()

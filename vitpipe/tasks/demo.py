@@ -61,6 +61,9 @@ from vitpipe.viz.rollout import check_rollout_options, gradient_rollout, naflex_
 METHODS = ("rollout", "gradient")
 METHOD_TITLES = {"rollout": "attention rollout", "gradient": "gradient rollout (predicted class)"}
 INSTALL = 'pip install -e ".[serve]"'
+# the page's API endpoints (gradio_client: Client(url).predict(handle_file(path), "rollout", api_name="/classify")),
+# documented in docs/demo.md: a classifier's page offers /classify, a captioner's /caption, nothing else
+API_CLASSIFY, API_CAPTION = "classify", "caption"
 # small inputs (8x8 digits) shown as crisp enlarged pixels, filling their panels
 CSS = ("#image img, #model-input img, #overlay img {image-rendering: pixelated; object-fit: contain; "
        "width: 100%; height: 100%}")
@@ -443,16 +446,16 @@ def _classifier_panels(gr, model: DemoModel, image, method, style: dict) -> None
         overlay_view = gr.Image(label="attention overlay", type="numpy", format="png", interactive=False,
                                 height=300, elem_id="overlay", visible=model.explainable)  # a CNN: none
 
-    def on_image(path, chosen):
-        if not path:
+    def on_image(image, method):  # the names a client passes them by (docs/demo.md)
+        if not image:
             return (None,) * (4 if multilabel else 3)
-        shown = _on_page(gr, lambda: show(model, path, chosen, **style))
+        shown = _on_page(gr, lambda: show(model, image, method, **style))
         answer = (shown.probs, shown.display, shown.overlay)
         return (label_set_text(shown.labels, shown.probs), *answer) if multilabel else answer
 
     outputs = [label_set, label, model_view, overlay_view] if multilabel else [label, model_view, overlay_view]
-    for event in (image.change, method.change):
-        event(on_image, inputs=[image, method], outputs=outputs)
+    # one endpoint for both triggers, under a name clients call (Gradio would expose /on_image and /on_image_1)
+    gr.on([image.change, method.change], on_image, inputs=[image, method], outputs=outputs, api_name=API_CLASSIFY)
 
 
 def _caption_panels(gr, model: DemoModel, image, style: dict) -> None:
@@ -463,13 +466,13 @@ def _caption_panels(gr, model: DemoModel, image, style: dict) -> None:
         words = gr.Gallery(label="cross-attention per generated word", columns=5, height=420, object_fit="contain",
                            elem_id="words", scale=2)
 
-    def on_image(path):
-        if not path:
+    def on_image(image):
+        if not image:
             return None, None, None
-        shown = _on_page(gr, lambda: caption_image(model, path, **style))
+        shown = _on_page(gr, lambda: caption_image(model, image, **style))
         return shown.caption, shown.display, list(zip(shown.overlays, shown.words))
 
-    image.change(on_image, inputs=[image], outputs=[caption, model_view, words])
+    image.change(on_image, inputs=[image], outputs=[caption, model_view, words], api_name=API_CAPTION)
 
 
 def _on_page(gr, compute):
