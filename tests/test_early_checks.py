@@ -199,3 +199,60 @@ def test_onnx_of_a_default_run_carries_classes_and_preprocessing_a_consumer_repr
         probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
         assert names[int(probs.argmax())] == expected[f.name]["label"], f.name
         assert abs(float(probs.max()) - expected[f.name]["prob"]) < 1e-4, f.name
+
+
+# --------------------------------------------------------------------------- documented outputs are ignored (17)
+
+
+def documented_outputs() -> list[tuple[str, str]]:
+    """(where, path) for every path a command of README.md or docs/*.md writes into the checkout: ``out=``,
+    ``--out``, ``hydra.run.dir=``/``paths.*=`` values, folders a ``python -c`` line makes, and ``build`` for
+    a ``pip install`` of the checkout (setuptools builds there). Placeholders, absolute paths and URLs
+    are not the checkout's."""
+    import re
+    import shlex
+
+    from readme_commands import shown_commands
+
+    found = []
+    for shown in shown_commands():
+        try:
+            args = shlex.split(shown.command)
+        except ValueError:
+            args = shown.command.split()
+        values = []
+        for i, arg in enumerate(args):
+            key = re.match(r"^\+*(out|hydra\.(run|sweep)\.dir|paths\.\w+)=(?P<v>.+)$", arg)
+            if key:
+                values.append(key["v"])
+            elif arg in ("--out", "--outdir", "--out-dir", "-o") and i + 1 < len(args):
+                values.append(args[i + 1])
+            elif arg.startswith("--out="):
+                values.append(arg.split("=", 1)[1])
+            values += re.findall(r"makedirs\(\s*['\"]([^'\"]+)['\"]", arg)
+        if args[:2] == ["pip", "install"] and any(a == "." or a.startswith((".[", "-e.")) or a == "-e" for a in args):
+            values.append("build")
+        for v in values:
+            if not any(c in v for c in "<>$*") and not v.startswith(("/", "~")) and "://" not in v:
+                found.append((f"{shown.page}:{shown.line}", v.rstrip("/")))
+    return found
+
+
+def test_every_output_path_the_documented_commands_write_is_ignored_by_git():
+    """README's commands left digits_png/, my_vit/, my_vit.onnx, preds.csv, figs/ and build/ untracked in
+    the checkout. Outputs that are committed on purpose (the docs' figures under notebooks/figures/,
+    docs/img/) are tracked files and are left out."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    if subprocess.run(["git", "rev-parse", "--git-dir"], cwd=root, capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    outputs = documented_outputs()
+    paths = {p for _, p in outputs}
+    assert {"preds.csv", "my_vit", "my_vit.onnx", "figs", "digits_png", "build"} <= paths, sorted(paths)
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True).stdout.splitlines())
+    for where, path in outputs:
+        if path in tracked or any(t.startswith(path + "/") for t in tracked):
+            continue  # committed on purpose (a figure the docs show)
+        r = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=root)
+        assert r.returncode == 0, f"{where} writes {path}, which git does not ignore: add /{path} to .gitignore"
