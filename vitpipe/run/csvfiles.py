@@ -22,6 +22,7 @@ import csv
 import io
 import re
 from collections.abc import Iterable, Sequence
+from itertools import chain
 from pathlib import Path
 
 from vitpipe.run.files import atomic_write_text
@@ -33,7 +34,7 @@ _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
 def escape_cell(value) -> str:
     """The text a cell holding ``value`` is written as (see the module docstring)."""
-    text = value if isinstance(value, str) else str(value)
+    text = "" if value is None else value if isinstance(value, str) else str(value)  # None: empty, as csv writes it
     if text and (text[0] == QUOTE or (text[0] in FORMULA_STARTS and not _NUMBER.fullmatch(text))):
         return QUOTE + text
     return text
@@ -49,16 +50,10 @@ def csv_text(rows: Iterable[Sequence], header: Sequence[str] | None = None) -> s
     buf = io.StringIO()
     plain = csv.writer(buf, lineterminator="\n")
     quoted = csv.writer(buf, lineterminator="\n", quoting=csv.QUOTE_ALL)
-    for row in _chain(header, rows):
+    for row in chain([header] if header is not None else [], rows):
         cells = [escape_cell(c) for c in row]
         (quoted if any("\r" in c for c in cells) else plain).writerow(cells)
     return buf.getvalue()
-
-
-def _chain(header, rows):
-    if header is not None:
-        yield header
-    yield from rows
 
 
 def dict_csv_text(rows: Iterable[dict], columns: Sequence[str], *, missing: str = "") -> str:
