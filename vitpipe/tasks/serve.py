@@ -10,7 +10,9 @@ the checkpoint's eval transform, its calibration temperature), ``{"caption": ...
 (LitServe's ``max_batch_size`` / ``batch_timeout``). ``backend=onnx`` runs an exported ONNX file
 (``onnx_path``, checked against the checkpoint at start-up; exported here when not given) in
 onnxruntime. ``GET /health`` is 200 ``ok`` once the workers are ready; ``GET /info`` shows the model
-and the batch settings. docs/serving.md has the request and error reference.
+and the batch settings. Slow clients: ``header_timeout_s`` / ``body_timeout_s`` (408, closed),
+``keep_alive_s`` and ``max_connections`` (``vitpipe.tasks.serving.connections``). docs/serving.md has the
+request and error reference.
 """
 
 from __future__ import annotations
