@@ -46,6 +46,7 @@ FAMILY = [
     ("trainer.gradient_clip_val=nan", "trainer.gradient_clip_val=nan must be a finite number >= 0"),
     ("module.distill.tau=inf", "module.distill.tau=inf must be a finite number"),
     ("module.asl.clip=nan", "module.asl.clip=nan must be a finite number"),
+    ("experiment=caption_shapes module.beam_size=0", "module.beam_size=0 must be a positive integer (1: greedy)"),
 ]
 
 
@@ -61,7 +62,7 @@ def test_a_bad_value_is_one_line_naming_it_and_the_valid_range_before_anything_i
     monkeypatch.setattr(vitpipe.tasks.train, "build", built)
     monkeypatch.setattr(vitpipe.tasks.train, "instantiate_checked", built)
     monkeypatch.setattr(vitpipe.tasks.train.L, "seed_everything", built)  # checked before anything is seeded, too
-    cfg = cfg_factory("debug=fast", "logger=none", override)
+    cfg = cfg_factory("debug=fast", "logger=none", *override.split())
     with pytest.raises(SystemExit) as stop:
         run_cli(vitpipe.tasks.train.train, cfg)
     assert stop.value.code == 2
@@ -77,6 +78,17 @@ def test_valid_values_at_the_edges_pass(cfg_factory, override):
     from vitpipe.config.build import check_config
 
     check_config(cfg_factory("debug=fast", "logger=none", "trainer.max_steps=5", override))
+
+
+def test_eval_says_a_bad_seed_in_one_line_before_the_checkpoint_is_read(tmp_path):
+    from conftest import make_cfg
+
+    from vitpipe.errors import ConfigError
+    from vitpipe.tasks.evaluate import evaluate
+
+    cfg = make_cfg(tmp_path, [f"ckpt_path={tmp_path / 'no-such.ckpt'}", "seed=-5"], config_name="eval")
+    with pytest.raises(ConfigError, match=r"^seed=-5 must be an integer in \[0, 4294967295\]"):
+        evaluate(cfg)
 
 
 HEADLINE = [
