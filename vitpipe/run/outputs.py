@@ -43,7 +43,7 @@ class Input:
 
     path: Path
     what: str
-    inside_ok: bool = False  # a folder of many runs: a new folder inside it replaces nothing of the one read
+    inside_ok: bool = False  # a folder of many runs, a download cache: only being or containing it overlaps
 
 
 def _real(path) -> Path:
@@ -70,9 +70,9 @@ def overlap(out, inp, *, folder: bool, inside_ok: bool = False) -> str | None:
         return "is"
     if _within(i, o):
         return "contains"
-    if _within(o, i) and i.is_dir():
+    if _within(o, i) and i.is_dir() and not inside_ok:
         if folder:
-            return None if inside_ok else "lies inside"
+            return "lies inside"
         if o.exists() or o.is_symlink():
             return f"would replace {o.relative_to(i)} in"
     return None
