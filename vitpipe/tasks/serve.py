@@ -112,8 +112,12 @@ def onnx_file(cfg: DictConfig, loaded) -> str:
         raise ConfigError("backend=onnx serves classifiers; this checkpoint is a captioner: use backend=torch")
     net, spec = loaded.net.cpu(), loaded.preprocess.spec
     if not cfg.get("onnx_path"):
+        from vitpipe.tasks.export import onnx_metadata
+
         out = Path(cfg.paths.output_dir) / "model.onnx"
-        diff = export_onnx(net, spec, out)
+        thresholds = loaded.thresholds.tolist() if loaded.multilabel else None  # the file says what export's says
+        diff = export_onnx(net, spec, out, metadata=onnx_metadata(thresholds, loaded.built.class_names),
+                           class_names=loaded.built.class_names)
         print(f"vitpipe serve: exported {out} (onnxruntime logits within {diff:.2g} of PyTorch's)", flush=True)
         return str(out)
     probe = (naflex_probe(spec, net.patch_size) if spec.max_seq_len is not None
