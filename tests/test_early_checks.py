@@ -40,7 +40,7 @@ FAMILY = [
     ("module.label_smoothing=-0.1", "module.label_smoothing=-0.1 must be in [0, 1)"),
     ("module.label_smoothing=nan", "module.label_smoothing=nan must be in [0, 1)"),
     ("module.warmup_fraction=inf", "module.warmup_fraction=inf must be in [0, 1)"),
-    ("module.layer_decay=0", "module.layer_decay=0 must be in (0, 1], or null"),
+    ("module.layer_decay=0", "module.layer_decay=0: expected a number in (0, 1], or null"),
     ("module.threshold=1.5", "module.threshold=1.5 must be a probability in (0, 1)"),
     ("model.drop_rate=1.0", "model.drop_rate=1.0 must be in [0, 1)"),
     ("trainer.gradient_clip_val=nan", "trainer.gradient_clip_val=nan must be a finite number >= 0"),

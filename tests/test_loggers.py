@@ -130,7 +130,7 @@ def test_a_failure_before_fit_finishes_the_loggers_as_failed(cfg_factory, monkey
     import vitpipe.tasks.train
     from vitpipe.errors import ConfigError
 
-    def build(cfg):
+    def build(cfg, **_):  # train passes the data module it checked first (dm=)
         raise ConfigError("data.root=/nowhere: no such folder")
 
     statuses = []

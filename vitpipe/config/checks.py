@@ -91,8 +91,10 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "module.ema_decay": (lambda v: v is None or _between(0, 1, lo_open=True, hi_open=True)(v),
                          "must be in (0, 1), or null for no EMA"),
     "module.threshold": (_between(0, 1, lo_open=True, hi_open=True), "must be a probability in (0, 1)"),
-    "module.layer_decay": (lambda v: v is None or _between(0, 1, lo_open=True)(v), "must be in (0, 1], or null"),
-    "module.mask_ratio": (_between(0, 1, hi_open=True), "must be in [0, 1)"),
+    # these two keep the words their modules' own checks have always used (tests and docs quote them)
+    "module.layer_decay": (lambda v: v is None or _between(0, 1, lo_open=True)(v),
+                           ": expected a number in (0, 1], or null (no layer decay)"),
+    "module.mask_ratio": (_between(0, 1, hi_open=True), ": expected a fraction in [0, 1) (the paper's 0.75)"),
     "module.eval_seed": (lambda v: _int(v) and 0 <= v <= SEED_MAX, _SEED),
     "module.beam_size": (lambda v: _int(v) and v >= 1, "must be a positive integer (1: greedy)"),
     "module.max_gen_len": (lambda v: v is None or (_int(v) and v >= 1), "must be a positive integer, or null"),
@@ -130,7 +132,7 @@ def check_ranges(cfg: DictConfig) -> None:
     for key, (holds, valid) in RANGES.items():
         value = OmegaConf.select(cfg, key, default=_ABSENT)
         if value is not _ABSENT and not holds(value):
-            raise ConfigError(f"{key}={_show(value)} {valid}")
+            raise ConfigError(f"{key}={_show(value)}{'' if valid.startswith(':') else ' '}{valid}")
     module = cfg.get("module")
     if isinstance(module, DictConfig) and "mixup" in module:
         check_mixup(module.mixup)
