@@ -120,7 +120,7 @@ def test_a_training_run_is_live_until_its_process_ends(tmp_path):
         assert is_live(busy)
         resumed = run(["python", "scripts/train.py", "ckpt_path=last", "train=false", "test=false"], home)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
-        assert f"ckpt_path=last -> run {finished}; passed over 1 run(s) still running, newest {busy}" in resumed.stdout
+        assert f"ckpt_path=last -> run {finished} (classifier); passed over 1 run(s) still running, newest {busy}" in resumed.stdout
     finally:
         p.send_signal(signal.SIGKILL)
         p.communicate()
