@@ -15,12 +15,14 @@ LAYERS = [
      "vitpipe.run.jsonfiles"),                                         # reading handed JSON
     ("vitpipe.nn",),                                  # building blocks: attention, positions, patches
     ("vitpipe.models", "vitpipe.text", "vitpipe.metrics"),
+    ("vitpipe.kinds",),                               # task kinds: multi-class, multi-label, captioning, MAE
     ("vitpipe.data",),
     ("vitpipe.config",),                              # checks and instantiation of a composed config
     ("vitpipe.run",),                                 # run directories, checkpoints, run files
     ("vitpipe.lit",),                                 # LightningModules and callbacks
-    ("vitpipe.report", "vitpipe.viz", "vitpipe.export", "vitpipe.sweep"),
-    ("vitpipe.tasks",),                               # the bodies of scripts/*.py
+    ("vitpipe.report", "vitpipe.viz", "vitpipe.export", "vitpipe.sweep",
+     "vitpipe.inference"),                            # inference on a stored run: predict, serve, demo, visualize, export
+    ("vitpipe.tasks", "vitpipe.benchmark"),           # the bodies of scripts/*.py; the benchmark package
 ]
 
 

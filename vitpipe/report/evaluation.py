@@ -11,7 +11,7 @@
   It helps a network trained with flips; one that never saw a mirrored image (digits: a mirrored
   digit is another glyph) gets worse, so ``unseen_flip_warning`` says so before evaluating.
 
-TTA and the temperature act through one forward hook on the evaluated network (``vitpipe.report.tta``:
+TTA and the temperature act through one forward hook on the evaluated network (``vitpipe.inference.tta``:
 logits -> TTA -> temperature, the composition predict uses too), removed afterwards: the module and
 its weights stay as loaded. calibration.json records the checkpoint (name in its run, size, step)
 and the TTA setting the temperature was fitted with; predict applies it to that pair only.
@@ -30,6 +30,7 @@ import torch
 from omegaconf import DictConfig
 
 from vitpipe.errors import ConfigError
+from vitpipe.inference.tta import TTAS, at_test_time
 from vitpipe.report.calibration import (
     checkpoint_identity,
     expected_calibration_error,
@@ -41,7 +42,6 @@ from vitpipe.report.callback import ReportCallback
 from vitpipe.report.history import HISTORY_FILE
 from vitpipe.report.multilabel import MultilabelPredictions, best_f1_thresholds, is_multilabel, write_thresholds
 from vitpipe.report.predictions import Predictions, TestPredictions, evaluated_net
-from vitpipe.report.tta import TTAS, at_test_time
 from vitpipe.run.paths import run_dir_of
 
 SPLITS = ("test", "val")

@@ -1,10 +1,10 @@
-"""Logits -> TTA -> temperature -> probabilities: the one composition eval and predict share.
+"""Logits -> TTA -> temperature -> probabilities: the one composition eval and inference share.
 
 ``tta=hflip`` averages the softmax of an image and its mirror; the temperature (Guo et al. 2017)
 then divides the log of that average. This is the order in which eval fits the temperature
 (``fit_temperature`` on the validation split's TTA-averaged logits), so it is the only order in
-which a fitted temperature means what it was fitted for; predict, and eval's test with the fitted
-temperature, both go through ``tta_logits``.
+which a fitted temperature means what it was fitted for; inference (``vitpipe.inference.probs``: predict,
+serve, demo) and eval's test with the fitted temperature (``at_test_time``) both go through ``tta_logits``.
 """
 
 from __future__ import annotations
@@ -36,11 +36,6 @@ def tta_logits(logits: Tensor, mirrored: Callable[[], Tensor] | None = None, *, 
     if temperature is not None:
         logits = logits.float() / temperature
     return logits
-
-
-def tta_probs(net: nn.Module, x: Tensor, *, tta: str = "none", temperature: float | None = None) -> Tensor:
-    """Softmax probabilities (B, C) of ``net`` on images x (B, C, H, W), through ``tta_logits``."""
-    return tta_logits(net(x), lambda: net(x.flip(-1)), tta=tta, temperature=temperature).float().softmax(-1)
 
 
 @contextlib.contextmanager
