@@ -16,7 +16,7 @@ from vitpipe.config.build import check_config
 from vitpipe.data import ImageFolderDataModule
 from vitpipe.data.multilabel import LabelsFile, balanced_pos_weight
 from vitpipe.errors import ConfigError
-from vitpipe.lit.losses import asl_loss, bce_loss
+from vitpipe.kinds.losses import asl_loss, bce_loss
 from vitpipe.metrics.multilabel import MultilabelScores
 
 

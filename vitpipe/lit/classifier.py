@@ -8,7 +8,7 @@ One network is trained: ``self.net`` (checkpoint keys ``net.*``). With ``ema_dec
 also keeps ``self.ema`` (timm ``ModelEmaV3``, keys ``ema.module.*``), an averaged copy of its
 weights. ``eval_net`` names the network validation and test run: the EMA copy when there is one.
 
-``task="multilabel"`` trains one sigmoid per class on multi-hot targets (B, C) (vitpipe.lit.losses:
+``task="multilabel"`` trains one sigmoid per class on multi-hot targets (B, C) (vitpipe.kinds.losses:
 BCE or ASL; vitpipe.metrics.multilabel: mAP, F1, precision, recall); ``multiclass`` (the default) is
 cross-entropy on class indices (B,).
 """
@@ -28,7 +28,7 @@ from vitpipe.data.naflex import loss_scale
 from vitpipe.errors import ConfigError
 from vitpipe.lit.distill import check_distill, combine, load_teacher, teacher_input
 from vitpipe.lit.finetune import FineTuning, add_probe_bn, check_finetune
-from vitpipe.lit.losses import check_loss, multilabel_loss
+from vitpipe.kinds.losses import check_loss, multilabel_loss
 from vitpipe.lit.nonfinite import NonFiniteGuard, NonFiniteLossError, check_policy
 from vitpipe.lit.optim import ConfiguredOptimizers, check_layer_decay
 from vitpipe.lit.reload import LoadsStoredRun
@@ -92,7 +92,7 @@ class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Li
             multi-hot targets (timm's ``Mixup(multi_label=True)``) and ``class_weights`` are BCE's
             ``pos_weight`` (``balanced``: negatives / positives per class of the training split).
         loss: null (the task's: ``ce`` | ``bce``), or ``asl`` (multi-label; Ridnik et al. 2021) with
-            ``asl: {gamma_neg, gamma_pos, clip}`` (vitpipe.lit.losses).
+            ``asl: {gamma_neg, gamma_pos, clip}`` (vitpipe.kinds.losses).
         threshold: multi-label F1/precision/recall count a class as predicted at sigmoid >= threshold.
     """
 
