@@ -306,7 +306,8 @@ def test_caption_experiment_trains_scores_and_checkpoints_its_tokenizer(cfg_fact
     tokenizer and replaces a module's own on load; test predictions written with image ids."""
     import lightning as L
 
-    from vitpipe.lit.captioner import CaptionModule, load_tokenizer
+    from vitpipe.lit.captioner import CaptionModule
+    from vitpipe.run.checkpoint import load_checkpoint
     from vitpipe.tasks.train import build, train
     from vitpipe.text import WordTokenizer
 
@@ -319,7 +320,7 @@ def test_caption_experiment_trains_scores_and_checkpoints_its_tokenizer(cfg_fact
     assert metrics["val/cider_best"] == pytest.approx(metrics["val/cider"])  # one epoch: best = last
     ckpt = next(Path(cfg.paths.output_dir).rglob("*.ckpt"))
     dm, net, _ = build(cfg)
-    trained = load_tokenizer(ckpt)
+    trained = WordTokenizer.from_state_dict(load_checkpoint(ckpt)["tokenizer"])
     assert trained.itos == dm.tokenizer.itos
 
     shuffled = WordTokenizer([*trained.itos[:4], *reversed(trained.itos[4:])])  # same size, other ids

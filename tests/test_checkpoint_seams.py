@@ -185,15 +185,14 @@ LOADERS = textwrap.dedent("""
     import json, resource, sys
     from pathlib import Path
     from vitpipe.errors import ConfigError
-    from vitpipe.lit.captioner import load_tokenizer
     from vitpipe.models.timm_compat import read_state_dict
-    from vitpipe.run.checkpoint import load_checkpoint
+    from vitpipe.run.checkpoint import load_checkpoint, load_from_checkpoint
     from vitpipe.run.paths import resolve_ckpt_path
     bomb, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     said = {}
     for name, call in [("ckpt_path", lambda: load_checkpoint(bomb)), ("model.pretrained", lambda: read_state_dict(bomb)),
-                       ("tokenizer", lambda: load_tokenizer(bomb)), ("recorded best", lambda: resolve_ckpt_path(run_dir))]:
+                       ("tokenizer", lambda: load_from_checkpoint(bomb)), ("recorded best", lambda: resolve_ckpt_path(run_dir))]:
         try:
             call()
             said[name] = "loaded"
@@ -219,11 +218,11 @@ def _bomb_run(tmp_path: Path, declared_mb: int) -> tuple[Path, Path]:
 
 def test_zip_bomb_is_refused_in_one_line_before_torch_load_runs(tmp_path, monkeypatch):
     """A small archive declaring 32 MB: each loader of a handed torch file (ckpt_path, model.pretrained, a
-    captioner's tokenizer, the recorded-best lookup of a run directory) refuses it in one line from the zip's
-    directory; torch.load, which allocates and inflates each record first, is never called on it."""
-    from vitpipe.lit.captioner import load_tokenizer
+    captioner's tokenizer (read by load_from_checkpoint), the recorded-best lookup of a run directory) refuses
+    it in one line from the zip's directory; torch.load, which allocates and inflates each record first, is
+    never called on it."""
     from vitpipe.models.timm_compat import read_state_dict
-    from vitpipe.run.checkpoint import load_checkpoint
+    from vitpipe.run.checkpoint import load_checkpoint, load_from_checkpoint
     from vitpipe.run.paths import resolve_ckpt_path
 
     bomb, run_dir = _bomb_run(tmp_path, 32)
@@ -231,7 +230,7 @@ def test_zip_bomb_is_refused_in_one_line_before_torch_load_runs(tmp_path, monkey
     real_load = torch.load
     monkeypatch.setattr(torch, "load", lambda f, *a, **k: opened.append(Path(f)) or real_load(f, *a, **k))
     for name, call in [("ckpt_path", lambda: load_checkpoint(bomb)), ("model.pretrained", lambda: read_state_dict(bomb)),
-                       ("tokenizer", lambda: load_tokenizer(bomb)), ("recorded best", lambda: resolve_ckpt_path(run_dir))]:
+                       ("tokenizer", lambda: load_from_checkpoint(bomb)), ("recorded best", lambda: resolve_ckpt_path(run_dir))]:
         with pytest.raises(ConfigError) as e:
             call()
         assert "declare" in str(e.value) and "\n" not in str(e.value), (name, str(e.value))

@@ -91,10 +91,11 @@ def test_load_classifier_checkpoint(classifier_ckpt):
 
 
 def test_load_captioner_checkpoint_uses_its_tokenizer(captioner_ckpt):
-    from vitpipe.lit.captioner import load_tokenizer
+    from vitpipe.run.checkpoint import load_checkpoint
+    from vitpipe.text import WordTokenizer
 
     net, _, dm = load_from_checkpoint(captioner_ckpt)
-    tok = load_tokenizer(captioner_ckpt)
+    tok = WordTokenizer.from_state_dict(load_checkpoint(captioner_ckpt)["tokenizer"])  # the one stored
     assert net.vocab_size == tok.vocab_size and dm.tokenizer.itos == tok.itos
     assert dm._data == {}  # the vocabulary came from the checkpoint: no split was generated
     ids = net.generate(torch.zeros(2, 3, 32, 32), max_len=5)

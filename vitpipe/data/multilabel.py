@@ -31,7 +31,6 @@ from torch.utils.data import Dataset
 from vitpipe.data.transforms import TransformedSubset
 from vitpipe.errors import ConfigError
 
-SEPARATORS = (";", "|")
 SPLIT_NAMES = ("train", "val", "test")
 ON_EMPTY_LABELS = ("keep", "skip", "error")
 

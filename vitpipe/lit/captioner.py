@@ -175,11 +175,3 @@ def _gather(rows: list[dict]) -> list[dict]:
     parts = [None] * dist.get_world_size()
     dist.all_gather_object(parts, rows)
     return [r for part in parts for r in part]
-
-
-def load_tokenizer(checkpoint_path: str | Path) -> WordTokenizer:
-    """The tokenizer a captioning checkpoint was trained with."""
-    from vitpipe.run.safeload import safe_torch_load
-
-    ckpt = safe_torch_load(checkpoint_path)  # sizes bounded before anything inflates
-    return WordTokenizer.from_state_dict(ckpt["tokenizer"])

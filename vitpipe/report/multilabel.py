@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vitpipe.run.csvfiles import csv_text, read_csv, read_csv_dicts, read_header, write_csv
+from vitpipe.run.csvfiles import csv_text, read_csv, read_csv_dicts, write_csv
 from vitpipe.run.files import atomic_write_text
 from vitpipe.run.jsonfiles import read_json
 
@@ -83,10 +83,6 @@ def read_multilabel_predictions(path: Path) -> tuple[list[str], np.ndarray, np.n
     scores = np.array([[float(r[i]) for i in score_cols] for r in rows], dtype=np.float64).reshape(len(rows), -1)
     target = np.array([[int(r[i]) for i in true_cols] for r in rows], dtype=np.int64).reshape(len(rows), -1)
     return names, scores, target
-
-
-def is_multilabel_file(path: Path) -> bool:
-    return any(h.startswith("score:") for h in read_header(path))
 
 
 # --------------------------------------------------------------------------- per-class report
