@@ -106,7 +106,7 @@ class Captioner(nn.Module):
             raise ConfigError(f"unknown decoder={decoder!r}; valid choices: {', '.join(DECODERS)}")
         if text_pos not in TEXT_POS:
             raise ConfigError(f"unknown text_pos={text_pos!r}; valid choices: {', '.join(TEXT_POS)}")
-        if not (0 <= min(pad_id, bos_id, eos_id) and max(pad_id, bos_id, eos_id) < vocab_size):
+        if not (min(pad_id, bos_id, eos_id) >= 0 and max(pad_id, bos_id, eos_id) < vocab_size):
             raise ConfigError(f"pad_id={pad_id}, bos_id={bos_id}, eos_id={eos_id} must lie in [0, vocab_size={vocab_size})")
         self.encoder = build_encoder(encoder)
         if encoder_ckpt:

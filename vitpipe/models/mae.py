@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from vitpipe.errors import ConfigError
+from vitpipe.models.variants import VARIANTS
 from vitpipe.models.vit import ViT
 from vitpipe.nn.blocks import EncoderBlock
 from vitpipe.nn.pos_embed import RoPE2D, sincos_2d
@@ -175,7 +176,7 @@ class MaskedAutoencoderViT(nn.Module):
         x = self.decoder_embed(latent)
         B, N, Dd = x.shape
         L = ids_restore.shape[1]
-        if P + L != self.decoder_pos_embed.shape[1]:
+        if self.decoder_pos_embed.shape[1] != P + L:
             raise ValueError(f"the decoder's positions are for {self.decoder_pos_embed.shape[1] - P} patches "
                              f"(grid {self.grid_size[0]}x{self.grid_size[1]}); got {L}: pre-train at img_size")
         mask_tokens = self.mask_token.expand(B, P + L - N, -1)
@@ -216,8 +217,6 @@ def official_kwargs(sd: dict[str, Tensor], img_size=None) -> dict:
     (ViT-H/14: 16 heads of 80), else embed_dim // 64; the decoder's 16, as in every released model.
     ``img_size`` (for a non-square table) replaces the square grid read from ``pos_embed``.
     """
-    from vitpipe.models.registry import VARIANTS
-
     D, C, p, q = sd["patch_embed.proj.weight"].shape
     depth = _depth(sd, "blocks")
     if img_size is None:

@@ -4,15 +4,16 @@
 overrides. Dimensions follow timm/the ViT paper; the ``*4`` variants use 4-px patches for
 28-32 px images (CIFAR, Fashion-MNIST), where 16-px patches would leave a 2x2 grid.
 
-This table is the one owner of what a name means. A row holds every constructor value in which the
+The table (``VARIANTS``, kept as plain data in variants.py so that mae.py can read it without importing
+the builders) is the one owner of what a name means. A row holds every constructor value in which the
 variant departs from ``ViT``'s defaults (its dimensions, and e.g. vit_nano's fixed positions or the
 big variants' stochastic depth), and ``variant_kwargs(name)`` is the whole set. The Hydra model
 configs read it: conf/model/vit.yaml takes every ViT argument through ``${variant:${.name},<key>}``
 (``register_resolvers``), so ``model=vit_nano`` builds what ``create_model("vit_nano")`` builds, and
-a new variant is one line here plus a two-line conf/model/<name>.yaml (``defaults: [vit]``,
+a new variant is one line in variants.py plus a two-line conf/model/<name>.yaml (``defaults: [vit]``,
 ``name: <name>``).
 
-MAE variants (``create_mae``) name their encoder's row here and add only the decoder and loss, so
+MAE variants (``create_mae``) name their encoder's row of VARIANTS and add only the decoder and loss, so
 ``mae_vit_b16``'s encoder is ``vit_b16``'s dimensions and loads into a ``vit_b16`` classifier.
 """
 
@@ -21,23 +22,8 @@ from __future__ import annotations
 import inspect
 
 from vitpipe.models.mae import DEFAULT_DECODER, MaskedAutoencoderViT
+from vitpipe.models.variants import VARIANTS
 from vitpipe.models.vit import ViT
-
-VARIANTS: dict[str, dict] = {
-    # CPU-sized: the embedded default (8x8 digits, 2-px patches) and the tests.
-    # nano: fixed positions, 1.4k 8x8 digits are too few to learn a table
-    "vit_nano": dict(dim=64, depth=4, num_heads=4, patch_size=2, img_size=8, pos_embed="sincos2d"),
-    "vit_micro": dict(dim=64, depth=4, num_heads=4, patch_size=4, img_size=32),
-    # small images (28-32 px), trained from scratch with stochastic depth 0.1 (DeiT)
-    "vit_ti4": dict(dim=192, depth=12, num_heads=3, patch_size=4, img_size=32, drop_path_rate=0.1),
-    "vit_s4": dict(dim=384, depth=12, num_heads=6, patch_size=4, img_size=32, drop_path_rate=0.1),
-    # ImageNet sizes (timm's vit_{tiny,small,base,large}_patch16_224, vit_huge_patch14_224); B, L, H with stochastic depth
-    "vit_ti16": dict(dim=192, depth=12, num_heads=3, patch_size=16, img_size=224),
-    "vit_s16": dict(dim=384, depth=12, num_heads=6, patch_size=16, img_size=224),
-    "vit_b16": dict(dim=768, depth=12, num_heads=12, patch_size=16, img_size=224, drop_path_rate=0.1),
-    "vit_l16": dict(dim=1024, depth=24, num_heads=16, patch_size=16, img_size=224, drop_path_rate=0.1),
-    "vit_h14": dict(dim=1280, depth=32, num_heads=16, patch_size=14, img_size=224, drop_path_rate=0.1),
-}
 
 # the timm model whose pretrained weights fit each variant (``pretrained=True``)
 TIMM_NAMES = {
