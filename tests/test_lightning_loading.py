@@ -122,7 +122,7 @@ def _labelled_folder(root: Path) -> Path:
 def stored(tmp_path_factory):
     """kind -> a checkpoint as a training run stores it (state_dict, resolved config, class names; no
     hyper_parameters key, as in a checkpoint written before load_from_checkpoint worked), random weights."""
-    from vitpipe.tasks.train import build
+    from vitpipe.run.build import build_from_config
 
     base = tmp_path_factory.mktemp("reload")
     made = {"classifier": checkpoint("sincos2d", base), "captioner": checkpoint("captioner", base)}
@@ -133,7 +133,7 @@ def stored(tmp_path_factory):
         if kind == "multilabel":
             extra = [f"data.root={_labelled_folder(base / 'labelled')}"]
         cfg = make_cfg(base / kind, ["debug=fast", "logger=none", *overrides, *extra])
-        dm, net, module = build(cfg)
+        dm, net, module = build_from_config(cfg)
         torch.manual_seed(0)
         with torch.no_grad():
             for name, p in module.named_parameters():
@@ -178,7 +178,7 @@ def test_load_from_checkpoint_rebuilds_every_module_with_every_weight(kind, stor
         x = torch.randn(2, 3 if kind == "multilabel" else 1, 8, 8)
         assert torch.equal(module.eval_net(x), ref.eval_net(x))
     if kind == "multilabel":
-        assert module.multilabel and module.hparams.threshold == 0.3
+        assert module.kind.name == "multilabel" and module.hparams.threshold == 0.3
     if kind == "distill":
         assert module.distill["type"] == "hard" and module.teacher is None  # the teacher loads only to fit
         assert hasattr(module.net, "head_dist")

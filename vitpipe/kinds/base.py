@@ -67,6 +67,11 @@ class TaskKind:
         """A fresh metric collection for one evaluation split (``val``, ``test``)."""
         raise TypeError(f"a {self.words} has no classification metrics")
 
+    def epoch_logs(self, prefix: str, scores: dict, class_names: list[str] | None = None) -> tuple[dict, dict]:
+        """The keys one evaluation epoch logs from ``split_metrics(...).compute()``: (shown on the progress
+        bar, the rest). ``scores[self.score]`` is also kept best of as ``<prefix>/<score>_best``."""
+        raise TypeError(f"a {self.words} has no classification metrics")
+
     def train_metric(self, num_classes: int) -> Metric | None:
         """The metric logged as ``train/<score>`` while training, or None."""
         return None

@@ -47,6 +47,9 @@ class MultiClass(TaskKind):
         return MetricCollection({"acc": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
                                  "acc_top5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro")})
 
+    def epoch_logs(self, prefix: str, scores: dict, class_names: list[str] | None = None) -> tuple[dict, dict]:
+        return {f"{prefix}/acc": scores["acc"], f"{prefix}/acc_top5": scores["acc_top5"]}, {}
+
     def train_metric(self, num_classes: int) -> Metric:
         return MulticlassAccuracy(num_classes, top_k=1, average="micro")
 

@@ -4,6 +4,8 @@ class on multi-hot targets (B, C), BCE or ASL (vitpipe.kinds.losses), mAP/F1/pre
 
 from __future__ import annotations
 
+import re
+
 import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import Metric
@@ -51,3 +53,17 @@ class MultiLabel(TaskKind):
 
     def split_metrics(self, num_classes: int, threshold: float) -> Metric:
         return MultilabelScores(num_classes, threshold=float(threshold))
+
+    def epoch_logs(self, prefix: str, scores: dict, class_names: list[str] | None = None) -> tuple[dict, dict]:
+        # every scalar of MultilabelScores; mAP on the progress bar; per-class AP at test only (one key a class)
+        rest = {f"{prefix}/{k}": v for k, v in scores.items() if k not in ("map", "ap")}
+        if prefix == "test":
+            rest.update(per_class_ap(scores["ap"], class_names, prefix))
+        return {f"{prefix}/map": scores["map"]}, rest
+
+
+def per_class_ap(ap: Tensor, names: list[str] | None, prefix: str = "test") -> dict:
+    """``<prefix>/ap/<class>`` per class (names made key-safe: other characters become ``_``; the
+    index when names are unknown); NaN for a class without positives in the split."""
+    keys = [re.sub(r"[^0-9A-Za-z_.-]", "_", str(n)) for n in names] if names and len(names) == len(ap) else None
+    return {f"{prefix}/ap/{keys[c] if keys else c}": ap[c] for c in range(len(ap))}

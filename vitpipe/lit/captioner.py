@@ -19,6 +19,7 @@ from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from torchmetrics import MaxMetric, MeanMetric
 
 from vitpipe.errors import ConfigError
+from vitpipe.kinds import KINDS
 from vitpipe.lit.nonfinite import NonFiniteGuard, check_policy
 from vitpipe.lit.optim import ConfiguredOptimizers
 from vitpipe.lit.reload import LoadsStoredRun
@@ -46,6 +47,8 @@ class CaptionModule(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Ligh
         nonfinite: what a NaN/inf loss does, as in the classifier (``vitpipe.lit.nonfinite``):
             ``"error"`` stops naming the step, ``"skip"`` drops the step on every rank.
     """
+
+    kind = KINDS["captioning"]  # what predict, eval, report and export ask instead of probing the network
 
     def __init__(self, net: Captioner, tokenizer: WordTokenizer, optimizer, scheduler=None, *,
                  warmup_fraction: float = 0.05, label_smoothing: float = 0.0, beam_size: int = 1,

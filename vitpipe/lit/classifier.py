@@ -8,50 +8,28 @@ One network is trained: ``self.net`` (checkpoint keys ``net.*``). With ``ema_dec
 also keeps ``self.ema`` (timm ``ModelEmaV3``, keys ``ema.module.*``), an averaged copy of its
 weights. ``eval_net`` names the network validation and test run: the EMA copy when there is one.
 
-``task="multilabel"`` trains one sigmoid per class on multi-hot targets (B, C) (vitpipe.kinds.losses:
-BCE or ASL; vitpipe.metrics.multilabel: mAP, F1, precision, recall); ``multiclass`` (the default) is
-cross-entropy on class indices (B,).
+``task`` picks the task kind once (vitpipe.kinds, ``self.kind``), which owns what differs: ``multilabel``
+trains one sigmoid per class on multi-hot targets (B, C) (BCE or ASL; mAP, F1, precision, recall);
+``multiclass`` (the default) is cross-entropy on class indices (B,) with top-1/top-5 accuracy.
 """
 
 from __future__ import annotations
 
-import re
-
 import lightning as L
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torchmetrics import MaxMetric, MeanMetric, MetricCollection
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics import MaxMetric, MeanMetric
 
 from vitpipe.data.naflex import loss_scale
 from vitpipe.errors import ConfigError
+from vitpipe.kinds.registry import classifier_kind
 from vitpipe.lit.distill import check_distill, combine, load_teacher, teacher_input
 from vitpipe.lit.finetune import FineTuning, add_probe_bn, check_finetune
-from vitpipe.kinds.losses import check_loss, multilabel_loss
 from vitpipe.lit.nonfinite import NonFiniteGuard, NonFiniteLossError, check_policy
 from vitpipe.lit.optim import ConfiguredOptimizers, check_layer_decay
 from vitpipe.lit.reload import LoadsStoredRun
-from vitpipe.metrics.multilabel import MultilabelScores
 
 __all__ = ["ImageClassifier", "NonFiniteLossError"]
-
-TASKS = ("multiclass", "multilabel")
-
-
-def check_task(task: str, loss: str | None, distill: dict | None) -> str:
-    """The loss ``task`` trains with (``ce``, ``bce`` or ``asl``); ConfigError naming a bad combination."""
-    if task not in TASKS:
-        raise ConfigError(f"module.task={task!r}; valid choices: {', '.join(TASKS)}")
-    if task == "multiclass":
-        if loss not in (None, "ce"):
-            raise ConfigError(f"module.loss={loss!r} is a multi-label loss; set module.task=multilabel, "
-                              "or module.loss=null (cross-entropy)")
-        return "ce"
-    if distill is not None:
-        raise ConfigError("module.task=multilabel cannot distill (the teacher's soft labels are one softmax "
-                          "over classes); set module.distill.teacher=null")
-    return "bce" if loss is None else loss
 
 
 class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.LightningModule):
@@ -106,9 +84,9 @@ class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Li
         super().__init__()
         check_policy(nonfinite)
         self.distill = check_distill(distill)
-        self.loss_name = check_task(task, loss, self.distill)
-        self.multilabel = task == "multilabel"
-        self.asl = check_loss(self.loss_name, asl) if self.multilabel else None
+        self.kind = classifier_kind(task)  # chosen once; the loss, metrics and logs below ask it
+        self.loss_name = self.kind.check_loss(loss, self.distill)
+        self.asl = self.kind.loss_settings(self.loss_name, asl)
         if not 0.0 < float(threshold) < 1.0:
             raise ConfigError(f"module.threshold={threshold!r}: a probability in (0, 1), e.g. 0.5")
         # The teacher lives outside the module tree (a plain attribute): no optimizer, checkpoint or
@@ -131,7 +109,7 @@ class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Li
             from timm.data import Mixup
 
             self.mixup = Mixup(**{"label_smoothing": label_smoothing, **dict(mixup)}, num_classes=n,
-                               multi_label=self.multilabel)  # multi-label: multi-hot targets mixed, smoothed to 0.5
+                               multi_label=self.kind.target_ndim == 2)  # multi-hot targets mixed, smoothed to 0.5
         self.ema = None
         if ema_decay:
             from timm.utils import ModelEmaV3
@@ -139,15 +117,8 @@ class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Li
             self.ema = ModelEmaV3(net, decay=ema_decay)  # a deep copy, made before any compile
         self.skipped_batches = 0
         self.naflex = None  # the data module's NaFlexConfig when it feeds patch dicts (setup("fit"))
-
-        def accuracies():
-            if self.multilabel:
-                return MultilabelScores(n, threshold=float(threshold))
-            return MetricCollection({"acc": MulticlassAccuracy(n, top_k=1, average="micro"),
-                                     "acc_top5": MulticlassAccuracy(n, top_k=min(5, n), average="micro")})
-
-        self.train_acc = None if self.multilabel else MulticlassAccuracy(n, top_k=1, average="micro")
-        self.val_metrics, self.test_metrics = accuracies(), accuracies()
+        self.train_acc = self.kind.train_metric(n)
+        self.val_metrics, self.test_metrics = (self.kind.split_metrics(n, float(threshold)) for _ in range(2))
         self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()  # of the monitored score: val/acc, or val/map (multi-label)
 
@@ -183,30 +154,22 @@ class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Li
                                    in_chans=getattr(self.net, "in_chans", 3), arch=d["arch"],
                                    kwargs=d["kwargs"], img_size=d["img_size"])  # fmt: skip
             object.__setattr__(self, "teacher", teacher)
-        if datamodule is not None and bool(getattr(datamodule, "multilabel", False)) != self.multilabel:
-            raise ConfigError(f"module.task={self.hparams.get('task', 'multiclass')} but the data gives "
-                              + ("multi-hot label sets: set module.task=multilabel" if not self.multilabel else
+        if datamodule is not None and (2 if getattr(datamodule, "multilabel", False) else 1) != self.kind.target_ndim:
+            raise ConfigError(f"module.task={self.kind.name} but the data gives "
+                              + ("multi-hot label sets: set module.task=multilabel" if self.kind.target_ndim == 1 else
                                  "one class per image: use data=imagefolder data.labels=<labels file>.csv"))
         if stage == "fit" and self.hparams.class_weights == "balanced":
             self.class_weight = self._balanced_weight(self.trainer.datamodule.data_train).to(self.device)
 
     def _balanced_weight(self, data_train) -> torch.Tensor:
         """Every rank: from the whole training split. Multi-label: pos_weight, negatives / positives per class."""
-        if self.multilabel:
-            from vitpipe.data.multilabel import balanced_pos_weight, multilabel_targets
-
-            return balanced_pos_weight(multilabel_targets(data_train))
-        from vitpipe.data.balance import balanced_class_weights, class_counts, dataset_labels
-
-        return balanced_class_weights(class_counts(dataset_labels(data_train), self.net.num_classes))
+        return BALANCED_WEIGHTS[self.kind.name](data_train, self.net.num_classes)
 
     def _loss(self, logits: torch.Tensor, y: torch.Tensor, *, mixed: bool) -> torch.Tensor:
         """The training loss; ``mixed``: ``y`` holds timm Mixup's targets, already smoothed."""
         smoothing = 0.0 if mixed else self.hparams.label_smoothing
-        if self.multilabel:
-            return multilabel_loss(logits, y, loss=self.loss_name, asl=self.asl, smoothing=smoothing,
-                                   pos_weight=self.class_weight)
-        return F.cross_entropy(logits, y, weight=self.class_weight, label_smoothing=smoothing)
+        return self.kind.train_loss(logits, y, loss=self.loss_name, settings=self.asl, smoothing=smoothing,
+                                    weight=self.class_weight)
 
     def _train_acc(self, logits: torch.Tensor, y: torch.Tensor) -> None:
         if self.train_acc is not None:
@@ -270,7 +233,7 @@ class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Li
         x, y = batch
         logits = self.eval_net(x)
         # unweighted, unsmoothed; per image: the last batch is often smaller
-        loss = F.binary_cross_entropy_with_logits(logits, y.float()) if self.multilabel else F.cross_entropy(logits, y)
+        loss = self.kind.eval_loss(logits, y)
         loss_metric(loss, weight=len(y))
         metrics.update(logits, y)
         self.log(f"{prefix}/loss", loss_metric, on_step=False, on_epoch=True, prog_bar=prefix == "val",
@@ -283,15 +246,11 @@ class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Li
     def on_validation_epoch_end(self) -> None:
         scores = self.val_metrics.compute()  # synced over ranks: the whole validation set, counted once
         self.val_metrics.reset()
-        if self.multilabel:
-            self.val_acc_best(scores["map"])
-            self.log_dict(_multilabel_logs("val", scores), sync_dist=False)
-            self.log_dict({"val/map": scores["map"], "val/map_best": self.val_acc_best.compute()}, prog_bar=True,
-                          sync_dist=False)
-            return
-        self.val_acc_best(scores["acc"])
-        self.log_dict({"val/acc": scores["acc"], "val/acc_top5": scores["acc_top5"]}, prog_bar=True, sync_dist=False)
-        self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True)
+        shown, rest = self.kind.epoch_logs("val", scores)
+        self.val_acc_best(scores[self.kind.score])
+        self.log_dict(rest, sync_dist=False)
+        self.log_dict({**shown, f"val/{self.kind.score}_best": self.val_acc_best.compute()}, prog_bar=True,
+                      sync_dist=False)
 
     def test_step(self, batch, batch_idx: int) -> torch.Tensor:
         # the logits (B, C) go to callbacks: vitpipe.report collects them for predictions.csv
@@ -300,24 +259,28 @@ class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Li
     def on_test_epoch_end(self) -> None:
         scores = self.test_metrics.compute()
         self.test_metrics.reset()
-        if self.multilabel:
-            names = getattr(getattr(self.trainer, "datamodule", None), "class_names", None) if self._trainer else None
-            self.log_dict({**_multilabel_logs("test", scores), "test/map": scores["map"],
-                           **per_class_ap(scores["ap"], names)}, sync_dist=False)
-            return
-        self.log_dict({"test/acc": scores["acc"], "test/acc_top5": scores["acc_top5"]})
+        names = getattr(getattr(self.trainer, "datamodule", None), "class_names", None) if self._trainer else None
+        shown, rest = self.kind.epoch_logs("test", scores, names)
+        self.log_dict({**rest, **shown}, sync_dist=False)
 
 
-def _multilabel_logs(prefix: str, scores: dict) -> dict:
-    """Every scalar of MultilabelScores but ``map`` (logged with the progress bar) and per-class AP."""
-    return {f"{prefix}/{k}": v for k, v in scores.items() if k not in ("map", "ap")}
+# ---- how each classifier kind weighs its classes (class_weights=balanced): from the training split,
+# read through vitpipe.data (a layer above vitpipe.kinds), one entry per kind (vitpipe.kinds.registry.TASKS)
 
 
-def per_class_ap(ap: torch.Tensor, names: list[str] | None) -> dict:
-    """``test/ap/<class>`` per class (names made key-safe: other characters become ``_``; the
-    index when names are unknown); NaN for a class without positives in the split."""
-    keys = [re.sub(r"[^0-9A-Za-z_.-]", "_", str(n)) for n in names] if names and len(names) == len(ap) else None
-    return {f"test/ap/{keys[c] if keys else c}": ap[c] for c in range(len(ap))}
+def _balanced_multiclass(data_train, num_classes: int) -> torch.Tensor:
+    from vitpipe.data.balance import balanced_class_weights, class_counts, dataset_labels
+
+    return balanced_class_weights(class_counts(dataset_labels(data_train), num_classes))
+
+
+def _balanced_multilabel(data_train, num_classes: int) -> torch.Tensor:
+    from vitpipe.data.multilabel import balanced_pos_weight, multilabel_targets
+
+    return balanced_pos_weight(multilabel_targets(data_train))  # BCE's pos_weight: negatives / positives per class
+
+
+BALANCED_WEIGHTS = {"multiclass": _balanced_multiclass, "multilabel": _balanced_multilabel}
 
 
 def _class_weight(value, num_classes: int) -> torch.Tensor | None:

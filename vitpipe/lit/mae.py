@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric, MinMetric
 
+from vitpipe.kinds import KINDS
 from vitpipe.lit.nonfinite import NonFiniteGuard, check_policy
 from vitpipe.lit.optim import ConfiguredOptimizers
 from vitpipe.lit.reload import LoadsStoredRun
@@ -41,6 +42,8 @@ class MAEModule(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Lightnin
         compile: ``torch.compile`` the network in place when a Trainer starts.
         nonfinite: what a NaN/inf loss does (``vitpipe.lit.nonfinite``): ``error`` | ``skip``.
     """
+
+    kind = KINDS["mae"]  # what predict, eval, report and export ask instead of probing the network
 
     def __init__(self, net: nn.Module, optimizer, scheduler=None, *, mask_ratio: float = 0.75,
                  warmup_fraction: float = 0.05, eval_seed: int = 0, compile: bool = False,
