@@ -360,7 +360,9 @@ def check_wandb_login(cfg: DictConfig) -> None:
     from wandb.sdk import wandb_setup  # what wandb.init reads: the environment and the settings files
 
     # A look that leaves no trace: wandb.setup's singleton would freeze the environment of this moment
-    # (WANDB_MODE included) for every later wandb.init of the process
+    # (WANDB_MODE included) for every later wandb.init of the process. Private names kept on purpose: wandb
+    # has no public call that reads its settings without creating that singleton (wandb.setup(), and at
+    # 0.31 wandb_setup.singleton(), create it); pyproject.toml's wandb floor and test_dependency_floors probe them
     current = wandb_setup._singleton
     look = current if current is not None and current._pid == os.getpid() else wandb_setup._WandbSetup(pid=os.getpid())
     settings = look.settings
