@@ -90,7 +90,7 @@ def test_a_ddp_trainer_from_the_shipped_config_keeps_each_loaders_sampler(cfg_fa
     for data in (["debug=fast"], ["experiment=caption_shapes", "data.num_train=16", "data.num_val=4"]):
         cfg = cfg_factory(*data, "trainer=ddp_cpu", "trainer.devices=2", "logger=none")
         trainer = instantiate(cfg.trainer, logger=False)  # built, not launched: no processes yet
-        assert trainer.world_size == 2 and trainer._accelerator_connector.is_distributed
+        assert trainer.world_size == 2 and trainer.distributed_sampler_kwargs == {"num_replicas": 2, "rank": 0}
         dm = instantiate(cfg.data)
         dm.setup("fit")
         dm.trainer = trainer  # rank 0 of 2

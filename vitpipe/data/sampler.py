@@ -25,7 +25,9 @@ def rank_layout(trainer) -> tuple[int, int]:
     """
     if trainer is None:
         return 1, 0
-    connector = getattr(trainer, "_accelerator_connector", None)  # absent on the tests' stand-in trainers
+    # Private on purpose: Lightning (2.6) has no public accessor for Trainer(use_distributed_sampler=); its own
+    # data connector reads it from here too. Absent on the tests' stand-in trainers.
+    connector = getattr(trainer, "_accelerator_connector", None)
     if trainer.world_size > 1 and getattr(connector, "use_distributed_sampler", False):
         raise ConfigError("trainer.use_distributed_sampler=true: Lightning would shard again what vitpipe's "
                           "sampler already shards per rank; set trainer.use_distributed_sampler=false "
