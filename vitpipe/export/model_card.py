@@ -84,6 +84,8 @@ def model_card(*, name: str, net: nn.Module, arch: str, spec: InputSpec, train_c
     """README.md text for an exported timm folder named ``name``; ``train_config``: the run's config as the
     checkpoint stores it (shown as text, never instantiated); ``thresholds`` (one per class): a multi-label
     model, one sigmoid per class, a class predicted at score >= its threshold (config.json's ``thresholds``)."""
+    # timm's private generate_readme on purpose: the card text timm's push_to_hf_hub writes has no public writer
+    # (push_to_hf_hub itself uploads), and the card should read like timm's own
     from timm.models._hub import generate_readme
 
     model_cfg = train_config.get("model") or {}

@@ -366,6 +366,8 @@ def _cached_hub_weights(name: str) -> dict | None:
     cfg = get_pretrained_cfg(name)
     if cfg is None or not cfg.hf_hub_id or cfg.file or cfg.state_dict or cfg.source not in (None, "", "hf-hub"):
         return None  # not a Hub download (a url, or a file timm was already told about)
+    # timm's private helpers on purpose: its revision syntax (repo@rev) and its file order (safetensors
+    # first) have no public API, and this lookup must ask the cache for exactly what timm would download
     repo, revision = hf_split(cfg.hf_hub_id)
     wanted = cfg.hf_hub_filename or "pytorch_model.bin"
     files = [*_get_safe_alternatives(wanted), wanted]  # timm's order: safetensors first
