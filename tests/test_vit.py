@@ -5,6 +5,7 @@ import torch
 
 from vitpipe import create_model, list_models
 from vitpipe.models import VARIANTS
+from vitpipe.models.registry import TIMM_NAMES, variant_kwargs
 from vitpipe.nn.pos_embed import POS_EMBED_KINDS
 
 
@@ -46,10 +47,41 @@ def test_every_variant_builds_and_gives_finite_logits(name):
     assert m.grid_size == (2, 2)
 
 
-def test_variant_dimensions_match_timm():
-    dims = {n: (create_model(n, img_size=32, patch_size=16).dim, len(create_model(n, img_size=32, patch_size=16).blocks))
-            for n in ("vit_ti16", "vit_s16")}
-    assert dims == {"vit_ti16": (192, 12), "vit_s16": (384, 12)}
+# each variant with a timm counterpart, and how it is built there: the ImageNet rows are the models whose
+# weights pretrained=True loads; the *4 rows are timm's tiny/small at 4-px patches on 32-px images
+TIMM_TWINS = {**{n: (t, {}) for n, t in TIMM_NAMES.items()},
+              "vit_ti4": ("vit_tiny_patch16_224", dict(patch_size=4, img_size=32)),
+              "vit_s4": ("vit_small_patch16_224", dict(patch_size=4, img_size=32))}
+
+
+def _timm_row(tm) -> dict:
+    """What a VARIANTS row says, read from a built timm VisionTransformer."""
+    block = tm.blocks[0]
+    return dict(dim=tm.embed_dim, depth=len(tm.blocks), num_heads=block.attn.num_heads,
+                patch_size=tuple(tm.patch_embed.patch_size), img_size=tuple(tm.patch_embed.img_size),
+                mlp_ratio=block.mlp.fc1.out_features / tm.embed_dim, qkv_bias=block.attn.qkv.bias is not None,
+                qk_norm=not isinstance(block.attn.q_norm, torch.nn.Identity), class_token=tm.cls_token is not None,
+                reg_tokens=tm.num_reg_tokens, pool={"token": "cls", "avg": "mean"}.get(tm.global_pool, tm.global_pool),
+                init_values=None if isinstance(block.ls1, torch.nn.Identity) else float(block.ls1.gamma[0]))
+
+
+@pytest.mark.parametrize("name", sorted(TIMM_TWINS))
+def test_variant_dimensions_match_timm(name):
+    """The variant table against timm's own model definitions (built on the meta device: ViT-H/14's 632M
+    parameters take no memory), not against numbers typed into a test."""
+    import timm
+
+    twin, overrides = TIMM_TWINS[name]
+    with torch.device("meta"):
+        tm = timm.create_model(twin, pretrained=False, **overrides)
+    ours = variant_kwargs(name)
+    pair = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v, v)  # noqa: E731
+    ours = {**ours, "patch_size": pair(ours["patch_size"]), "img_size": pair(ours["img_size"])}
+    theirs = _timm_row(tm)
+    assert {k: ours[k] for k in theirs} == theirs
+    if name in ("vit_ti16", "vit_s16", "vit_ti4", "vit_s4"):  # small enough to build for real: the same parameters
+        built = create_model(name, num_classes=tm.num_classes)
+        assert sum(p.numel() for p in built.parameters()) == sum(p.numel() for p in tm.parameters())
 
 
 def test_non_square_images_and_other_sizes_at_eval():
