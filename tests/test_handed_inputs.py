@@ -133,7 +133,8 @@ def test_labels_file_names_in_multilabel_csvs_and_tuned_thresholds(tmp_path):
     """A labels file whose class names begin like formulas: the multi-label predictions.csv, per_class.csv and
     co_occurrence.csv hold no formula; thresholds tuned from predictions.csv name the classes as the
     checkpoint does, so predict applies them; predict's out= CSV holds no formula."""
-    from vitpipe.report.multilabel import read_co_occurrence, read_multilabel_predictions
+    from vitpipe.report.multilabel import read_co_occurrence
+    from vitpipe.report.predictions import read_multilabel_predictions
 
     data, cwd = labels_file_data(tmp_path / "images"), fresh_checkout(tmp_path / "w")
     proc = run(["python", "scripts/train.py", "data=imagefolder", f"data.root={data}", "data.labels=labels.csv",

@@ -17,12 +17,12 @@ from sklearn.metrics import average_precision_score, precision_recall_curve, pre
 from conftest import make_cfg
 from vitpipe.report.figures import DPI, PR_SIZE, co_occurrence_size, label_errors_size
 from vitpipe.report.multilabel import (
-    MultilabelPredictions,
     confident_label_errors,
     pr_curves,
     read_co_occurrence,
     write_multilabel_report,
 )
+from vitpipe.report.predictions import MultilabelPredictions
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 NAMES = ["cat", "dog", "owl", "bee"]

@@ -15,7 +15,7 @@ from sklearn.metrics import average_precision_score, f1_score
 
 from conftest import make_cfg
 from vitpipe.errors import ConfigError
-from vitpipe.report.multilabel import read_multilabel_predictions
+from vitpipe.report.predictions import read_multilabel_predictions
 from vitpipe.tasks.make_mosaics import MosaicConfig, make_mosaics
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

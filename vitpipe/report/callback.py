@@ -12,7 +12,7 @@ import numpy as np
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from PIL import Image
 
-from vitpipe.report.multilabel import MultilabelPredictions, write_multilabel_report
+from vitpipe.report.multilabel import write_multilabel_report
 from vitpipe.report.predictions import PREDICTIONS_FILE, TestPredictions
 from vitpipe.report.report import REPORT_DIR, write_report
 from vitpipe.report.samples import sample_image
@@ -44,24 +44,30 @@ class ReportCallback(TestPredictions):
         # keyed by the split evaluated (eval's split=val runs the test loop on the validation set)
         metrics = {f"{self.split}/{k.removeprefix('test/')}": float(v) for k, v in trainer.callback_metrics.items()
                    if k.startswith("test/") and v.numel() == 1}
-        if isinstance(self.result, MultilabelPredictions):  # scores per class: the per-class AP report
-            c = self.result.scores.shape[1]
-            if self.thresholds is not None:  # the "predicted" column and the report at the tuned thresholds
-                self.result.threshold = self.thresholds
-            self.result.write(run_dir / PREDICTIONS_FILE, list(names) if names else [str(i) for i in range(c)])
-            self.figures = write_multilabel_report(
-                run_dir, threshold=np.asarray(self.result.threshold, dtype=np.float64), split=self.split,
-                threshold_source=self.threshold_source,
-                metrics={k: v for k, v in metrics.items() if "/ap/" not in k},
-                image=(lambda i: sample_image(ds, i)) if ds is not None else None)
-            log_figures(trainer, self.figures)
-            return
-        self.result.write(run_dir / PREDICTIONS_FILE, list(names) if names else None)
-        self.figures = write_report(run_dir, list(names) if names else None,
-                                    num_classes=getattr(pl_module.net, "num_classes", None),
-                                    image=(lambda i: sample_image(ds, i)) if ds is not None else None,
-                                    metrics=metrics, split=self.split, title=self.title)
+        image = (lambda i: sample_image(ds, i)) if ds is not None else None
+        # the task kind that collected the rows picks the report (one per classifier kind)
+        self.figures = REPORTS[pl_module.kind.name](self, pl_module, run_dir, names, metrics, image)
         log_figures(trainer, self.figures)
+
+    def _multiclass_report(self, pl_module, run_dir: Path, names, metrics: dict, image) -> dict[str, Path]:
+        self.result.write(run_dir / PREDICTIONS_FILE, list(names) if names else None)
+        return write_report(run_dir, list(names) if names else None,
+                            num_classes=getattr(pl_module.net, "num_classes", None),
+                            image=image, metrics=metrics, split=self.split, title=self.title)
+
+    def _multilabel_report(self, pl_module, run_dir: Path, names, metrics: dict, image) -> dict[str, Path]:
+        """Scores per class: the per-class AP report."""
+        c = self.result.scores.shape[1]
+        if self.thresholds is not None:  # the "predicted" column and the report at the tuned thresholds
+            self.result.threshold = self.thresholds
+        self.result.write(run_dir / PREDICTIONS_FILE, list(names) if names else [str(i) for i in range(c)])
+        return write_multilabel_report(
+            run_dir, threshold=np.asarray(self.result.threshold, dtype=np.float64), split=self.split,
+            threshold_source=self.threshold_source, metrics={k: v for k, v in metrics.items() if "/ap/" not in k},
+            image=image)
+
+
+REPORTS = {"multiclass": ReportCallback._multiclass_report, "multilabel": ReportCallback._multilabel_report}
 
 
 def log_figures(trainer: L.Trainer, figures: dict[str, Path]) -> None:

@@ -31,6 +31,7 @@ from omegaconf import DictConfig
 
 from vitpipe.errors import ConfigError
 from vitpipe.inference.tta import TTAS, at_test_time
+from vitpipe.kinds import KINDS, kind_of_checkpoint
 from vitpipe.report.calibration import (
     checkpoint_identity,
     expected_calibration_error,
@@ -40,8 +41,8 @@ from vitpipe.report.calibration import (
 )
 from vitpipe.report.callback import ReportCallback
 from vitpipe.report.history import HISTORY_FILE
-from vitpipe.report.multilabel import MultilabelPredictions, best_f1_thresholds, is_multilabel, write_thresholds
-from vitpipe.report.predictions import Predictions, TestPredictions, evaluated_net
+from vitpipe.report.multilabel import best_f1_thresholds, write_thresholds
+from vitpipe.report.predictions import MultilabelPredictions, Predictions, TestPredictions, evaluated_net
 from vitpipe.run.paths import run_dir_of
 
 SPLITS = ("test", "val")
@@ -82,7 +83,7 @@ def multilabel_refusal(stored: dict | None, opts: EvalOptions) -> str | None:
 
     Multi-label checkpoints: no temperature (calibrate) and no TTA (both are defined on the softmax here);
     ``tune_thresholds`` needs one."""
-    if not is_multilabel(stored):
+    if kind_of_checkpoint(stored) is not KINDS["multilabel"]:
         return ("tune_thresholds=true tunes per-class sigmoid thresholds: this checkpoint is not multi-label "
                 "(module.task=multiclass); drop it") if opts.tune_thresholds else None
     if opts.calibrate:
@@ -163,7 +164,8 @@ def evaluate_with_report(cfg: DictConfig, trainer: L.Trainer, module: L.Lightnin
         if report is not None:
             report.title = f"temperature T = {temperature:.3f} (fitted on the validation split, NLL)"
     tuned = None
-    if report is not None and not opts.tune_thresholds and is_multilabel(_stored_config(checkpoint, ckpt_path)):
+    if (report is not None and not opts.tune_thresholds
+            and kind_of_checkpoint(_stored_config(checkpoint, ckpt_path)) is KINDS["multilabel"]):
         tuned = _tuned_thresholds(report, datamodule, net, ckpt_path, checkpoint)
     if opts.split == "test":
         _require_test_split(datamodule)

@@ -1,9 +1,10 @@
 """Multi-label evaluation files: ``predictions.csv`` (one sigmoid score per class and the true label set
 per image), its per-class report, and per-class thresholds tuned on a split (``thresholds.json``).
 
-predictions.csv columns: ``index``, ``path`` (when the data has files), ``labels`` (the true label set,
-names joined by ``;``), ``predicted`` (the classes with score >= threshold, joined by ``;``), then per
-class ``score:<name>`` (sigmoid, every digit of the float64) and ``true:<name>`` (0/1, the unambiguous form of ``labels``).
+predictions.csv (written and read by vitpipe.report.predictions, beside the multi-class rows) columns:
+``index``, ``path`` (when the data has files), ``labels`` (the true label set, names joined by ``;``),
+``predicted`` (the classes with score >= threshold, joined by ``;``), then per class
+``score:<name>`` (sigmoid, every digit of the float64) and ``true:<name>`` (0/1, the unambiguous form of ``labels``).
 Every multi-label score the module logs (mAP, per-class AP, F1) can be recomputed from this file alone.
 
 report/ (``write_multilabel_report``, from predictions.csv alone): report.md, per_class.csv, pr_curves.png
@@ -20,13 +21,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from vitpipe.kinds import KINDS, kind_of_checkpoint
+from vitpipe.report.predictions import PREDICTIONS_FILE, read_multilabel_predictions
 from vitpipe.run.csvfiles import csv_text, read_csv, read_csv_dicts, write_csv
 from vitpipe.run.files import atomic_write_text
 from vitpipe.run.jsonfiles import read_json
@@ -36,53 +38,8 @@ THRESHOLDS_FILE = "thresholds.json"
 
 def is_multilabel(stored: dict | None) -> bool:
     """Whether a checkpoint's stored run config (``checkpoint["vitpipe_config"]``) trained ``module.task=multilabel``."""
-    module = (stored or {}).get("module") if isinstance(stored, dict) else None
-    return isinstance(module, dict) and module.get("task") == "multilabel"
-
-
-@dataclass
-class MultilabelPredictions:
-    """Scores on N images sorted by ``index``: ``scores`` (N, C) sigmoid, ``target`` (N, C) 0/1."""
-
-    index: Tensor  # (N,) int64
-    target: Tensor  # (N, C) int64 multi-hot
-    scores: Tensor  # (N, C) float64 sigmoid of the logits
-    paths: list[str] | None = None
-    threshold: float = 0.5
-
-    @classmethod
-    def from_logits(cls, index: Tensor, logits: Tensor, target: Tensor, paths=None, threshold: float = 0.5):
-        order = index.argsort()
-        return cls(index[order], target[order].round().long(), logits[order].double().sigmoid(),
-                   [paths[i] for i in order.tolist()] if paths else None, threshold)
-
-    def to_csv(self, class_names: list[str]) -> str:
-        header = (["index"] + (["path"] if self.paths else []) + ["labels", "predicted"]
-                  + [f"score:{n}" for n in class_names] + [f"true:{n}" for n in class_names])
-        pred = self.scores >= self.threshold
-        rows = []
-        for k in range(len(self.index)):
-            true = self.target[k].tolist()
-            rows.append([int(self.index[k])] + ([self.paths[k]] if self.paths else [])
-                        + [";".join(n for n, t in zip(class_names, true) if t),
-                           ";".join(n for n, p in zip(class_names, pred[k].tolist()) if p)]
-                        + [repr(s) for s in self.scores[k].tolist()] + [int(t) for t in true])
-        return csv_text(rows, header)
-
-    def write(self, path: Path, class_names: list[str]) -> Path:
-        atomic_write_text(Path(path), self.to_csv(class_names))
-        return Path(path)
-
-
-def read_multilabel_predictions(path: Path) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """predictions.csv -> (class names, scores (N, C) float64, targets (N, C) int)."""
-    header, *rows = read_csv(path)
-    score_cols = [i for i, h in enumerate(header) if h.startswith("score:")]
-    true_cols = [i for i, h in enumerate(header) if h.startswith("true:")]
-    names = [header[i].removeprefix("score:") for i in score_cols]
-    scores = np.array([[float(r[i]) for i in score_cols] for r in rows], dtype=np.float64).reshape(len(rows), -1)
-    target = np.array([[int(r[i]) for i in true_cols] for r in rows], dtype=np.int64).reshape(len(rows), -1)
-    return names, scores, target
+    # kept for tasks/predict.py and tasks/export.py until they ask vitpipe.kinds.kind_of_checkpoint themselves
+    return kind_of_checkpoint(stored) is KINDS["multilabel"]
 
 
 # --------------------------------------------------------------------------- per-class report
@@ -194,11 +151,8 @@ def write_multilabel_report(run_dir: Path, *, threshold, metrics: dict[str, floa
     threshold: a float, or (C,) per-class thresholds, at which F1, the operating points and the predicted
     co-occurrence are taken; threshold_source: where per-class ones came from (shown in report.md).
     Returns {figure name: PNG path}."""
-    from sklearn.metrics import average_precision_score
-
     from vitpipe.report.figures import co_occurrence_figure, label_errors_figure, pr_figure, save_figure
     from vitpipe.report.markdown import escape
-    from vitpipe.report.predictions import PREDICTIONS_FILE
 
     run_dir = Path(run_dir)
     names, scores, target = read_multilabel_predictions(run_dir / PREDICTIONS_FILE)
@@ -244,7 +198,7 @@ def write_multilabel_report(run_dir: Path, *, threshold, metrics: dict[str, floa
              f"F1, precision and recall at {at}.", "", "| metric | value |", "|---|---|",
              f"| images | {len(target)} |",
              f"| mAP (macro) | {float(per['ap'][valid].mean()) if valid.any() else math.nan:.4f} |",
-             f"| mAP (micro) | {float(average_precision_score(target.ravel(), scores.ravel())) if len(target) else math.nan:.4f} |"]
+             f"| mAP (micro) | {_micro_ap(target, scores):.4f} |"]
     lines += [f"| {k} (logged) | {v:.4f} |" for k, v in sorted((metrics or {}).items())]
     lines += ["", "## Per-class AP (lowest first; all columns: [per_class.csv](per_class.csv))", "",
               "| class | AP | F1 | precision | recall | support |", "|---|---|---|---|---|---|"]
@@ -310,6 +264,12 @@ def write_thresholds(directory: Path, names: list[str], thresholds, f1, *, ident
     path = Path(directory) / THRESHOLDS_FILE
     atomic_write_text(path, json.dumps(record, indent=2) + "\n")
     return path
+
+
+def _micro_ap(target: np.ndarray, scores: np.ndarray) -> float:
+    from sklearn.metrics import average_precision_score
+
+    return float(average_precision_score(target.ravel(), scores.ravel())) if len(target) else math.nan
 
 
 def find_thresholds(ckpt_path: Path, checkpoint: dict, names: list[str]) -> tuple[Tensor | None, str | None]:

@@ -6,6 +6,10 @@ indices of each batch: vitpipe's evaluation loaders use an unshuffled, unpadded 
 after gathering every test image appears once. The labels read back from the data set at those
 indices are checked against the batch's, so a sampler that is not deterministic stops the run
 instead of writing a wrong file.
+
+The rows depend on the task kind (``pl_module.kind``, vitpipe.kinds): ``Predictions`` (multi-class: top-1
+class and confidence) or ``MultilabelPredictions`` (a sigmoid score and the truth per class); both formats
+live here, and ``PREDICTION_ROWS`` picks one by the kind's name.
 """
 
 from __future__ import annotations
@@ -14,13 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
 from torch import Tensor, nn
 
+from vitpipe.kinds import KINDS, TaskKind
 from vitpipe.report.calibration import expected_calibration_error
-from vitpipe.report.multilabel import MultilabelPredictions
 from vitpipe.report.samples import dataset_targets, sample_path
-from vitpipe.run.csvfiles import csv_text, read_csv_dicts
+from vitpipe.run.csvfiles import csv_text, read_csv, read_csv_dicts
 from vitpipe.run.files import atomic_write_text
 
 PREDICTIONS_FILE = "predictions.csv"
@@ -42,7 +47,7 @@ class Predictions:
     def from_logits(cls, index: Tensor, logits: Tensor, target: Tensor, paths: list[str] | None = None):
         order = index.argsort()
         index, logits, target = index[order], logits[order].float(), target[order]
-        probs = logits.softmax(-1)  # (N, C)
+        probs = KINDS["multiclass"].probabilities(logits)  # (N, C)
         prob, pred = probs.max(-1)
         prob_target = probs.gather(1, target[:, None])[:, 0]
         return cls(index, target, pred, prob, prob_target, paths, logits)
@@ -86,12 +91,59 @@ def read_predictions(path: Path) -> Predictions:
                        col("prob_target", float), paths)
 
 
+@dataclass
+class MultilabelPredictions:
+    """Scores on N images sorted by ``index``: ``scores`` (N, C) sigmoid, ``target`` (N, C) 0/1."""
+
+    index: Tensor  # (N,) int64
+    target: Tensor  # (N, C) int64 multi-hot
+    scores: Tensor  # (N, C) float64 sigmoid of the logits
+    paths: list[str] | None = None
+    threshold: float = 0.5
+
+    @classmethod
+    def from_logits(cls, index: Tensor, logits: Tensor, target: Tensor, paths=None, threshold: float = 0.5):
+        order = index.argsort()
+        return cls(index[order], target[order].round().long(), KINDS["multilabel"].probabilities(logits[order].double()),
+                   [paths[i] for i in order.tolist()] if paths else None, threshold)
+
+    def to_csv(self, class_names: list[str]) -> str:
+        header = (["index"] + (["path"] if self.paths else []) + ["labels", "predicted"]
+                  + [f"score:{n}" for n in class_names] + [f"true:{n}" for n in class_names])
+        pred = self.scores >= self.threshold
+        rows = []
+        for k in range(len(self.index)):
+            true = self.target[k].tolist()
+            rows.append([int(self.index[k])] + ([self.paths[k]] if self.paths else [])
+                        + [";".join(n for n, t in zip(class_names, true) if t),
+                           ";".join(n for n, p in zip(class_names, pred[k].tolist()) if p)]
+                        + [repr(s) for s in self.scores[k].tolist()] + [int(t) for t in true])
+        return csv_text(rows, header)
+
+    def write(self, path: Path, class_names: list[str]) -> Path:
+        atomic_write_text(Path(path), self.to_csv(class_names))
+        return Path(path)
+
+
+def read_multilabel_predictions(path: Path) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """predictions.csv -> (class names, scores (N, C) float64, targets (N, C) int)."""
+    header, *rows = read_csv(path)
+    score_cols = [i for i, h in enumerate(header) if h.startswith("score:")]
+    true_cols = [i for i, h in enumerate(header) if h.startswith("true:")]
+    names = [header[i].removeprefix("score:") for i in score_cols]
+    scores = np.array([[float(r[i]) for i in score_cols] for r in rows], dtype=np.float64).reshape(len(rows), -1)
+    target = np.array([[int(r[i]) for i in true_cols] for r in rows], dtype=np.int64).reshape(len(rows), -1)
+    return names, scores, target
+
+
+
 class TestPredictions(L.Callback):
     """Collect (index, logits, target) of every test batch; after the epoch ``self.result`` holds the
     Predictions of the whole test set on every rank, and ``test/ece`` is logged (15 bins, L1).
 
-    Multi-label classifiers (``pl_module.multilabel``, targets (B, C)) give ``MultilabelPredictions``
-    (sigmoid scores; no ECE). Needs a classifier batch ``(x, y)``. The logits are what ``test_step`` returns when it returns
+    The module's task kind (``pl_module.kind``) picks the rows (``PREDICTION_ROWS``): multi-label classifiers
+    (targets (B, C)) give ``MultilabelPredictions`` (sigmoid scores; no ECE).
+    Needs a classifier batch ``(x, y)``. The logits are what ``test_step`` returns when it returns
     a (B, C) tensor; otherwise the callback runs the module's evaluation network on ``x`` again.
     Other modules (captioners) are left alone.
     """
@@ -112,7 +164,8 @@ class TestPredictions(L.Callback):
         if dataloader_idx != 0 or not (isinstance(batch, (tuple, list)) and len(batch) == 2):
             return
         x, y = batch
-        if not _is_classifier(pl_module) or y.ndim != (2 if _is_multilabel(pl_module) else 1):
+        kind = _kind(pl_module)
+        if kind is None or y.ndim != kind.target_ndim:
             return
         if self._batches is None:
             raise RuntimeError("the test loader has no batch sampler: cannot tell which images a batch holds")
@@ -134,20 +187,14 @@ class TestPredictions(L.Callback):
             raise RuntimeError("a test image was evaluated twice (a padded sampler?); predictions would double count")
         ds = _test_dataset(trainer)
         if ds is not None:
-            known = _known_targets(ds, index, multilabel=_is_multilabel(pl_module))
+            known = KNOWN_TARGETS[_kind(pl_module).name](ds, index)
             if known is not None and not torch.equal(known, target):
                 raise RuntimeError("test labels differ from the data set's at the sampler's indices: "
                                    "the test loader's order is not deterministic")
         paths = None
         if ds is not None and len(index) and sample_path(ds, int(index[0])) is not None:
             paths = [sample_path(ds, int(i)) for i in index]
-        if _is_multilabel(pl_module):  # sigmoid scores per class; no top-1 confidence, so no ECE
-            self.result = MultilabelPredictions.from_logits(index, logits, target, paths,
-                                                            threshold=float(pl_module.hparams.threshold))
-            return
-        self.result = Predictions.from_logits(index, logits, target, paths)
-        # the same on every rank (all hold the gathered set): no further sync
-        pl_module.log("test/ece", self.result.ece(), sync_dist=False)
+        self.result = PREDICTION_ROWS[_kind(pl_module).name](pl_module, index, logits, target, paths)
 
 
 def gather_unequal(trainer: L.Trainer, *tensors: Tensor) -> tuple[Tensor, ...]:
@@ -167,14 +214,26 @@ def gather_unequal(trainer: L.Trainer, *tensors: Tensor) -> tuple[Tensor, ...]:
     return tuple(out)
 
 
-def _is_multilabel(pl_module: L.LightningModule) -> bool:
-    return bool(getattr(pl_module, "multilabel", False))
+def _kind(pl_module: L.LightningModule) -> TaskKind | None:
+    """The module's task kind when it classifies (a captioner or an MAE module has no prediction rows)."""
+    kind = getattr(pl_module, "kind", None)
+    return kind if isinstance(kind, TaskKind) and kind.classifies else None
 
 
-def _known_targets(ds, index: Tensor, *, multilabel: bool) -> Tensor | None:
-    """The data set's labels at ``index`` ((N,) classes, or (N, C) multi-hot rows), read without images."""
-    if not multilabel:
-        return dataset_targets(ds, index)
+def _multiclass_rows(pl_module, index: Tensor, logits: Tensor, target: Tensor, paths) -> Predictions:
+    result = Predictions.from_logits(index, logits, target, paths)
+    # the same on every rank (all hold the gathered set): no further sync
+    pl_module.log("test/ece", result.ece(), sync_dist=False)
+    return result
+
+
+def _multilabel_rows(pl_module, index: Tensor, logits: Tensor, target: Tensor, paths) -> MultilabelPredictions:
+    # sigmoid scores per class; no top-1 confidence, so no ECE
+    return MultilabelPredictions.from_logits(index, logits, target, paths, threshold=float(pl_module.hparams.threshold))
+
+
+def _multilabel_known(ds, index: Tensor) -> Tensor | None:
+    """The data set's (N, C) multi-hot rows at ``index``, read without images."""
     from vitpipe.data.multilabel import multilabel_targets
 
     try:
@@ -183,8 +242,9 @@ def _known_targets(ds, index: Tensor, *, multilabel: bool) -> Tensor | None:
         return None
 
 
-def _is_classifier(pl_module: L.LightningModule) -> bool:
-    return getattr(getattr(pl_module, "net", None), "num_classes", 0) > 0
+# per classifier kind (vitpipe.kinds.registry.TASKS): the rows of predictions.csv and the labels they are checked against
+PREDICTION_ROWS = {"multiclass": _multiclass_rows, "multilabel": _multilabel_rows}
+KNOWN_TARGETS = {"multiclass": dataset_targets, "multilabel": _multilabel_known}
 
 
 def evaluated_net(module: L.LightningModule) -> nn.Module:
