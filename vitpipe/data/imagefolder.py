@@ -39,7 +39,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset
 
 from vitpipe.data.base import ClassificationDataModule, DatasetInfo
-from vitpipe.data.images import IMAGE_EXTENSIONS, find_bad_images, is_image_file, open_image, why_unreadable
+from vitpipe.data.images import IMAGE_EXTENSIONS, find_bad_images, is_image_file, load_image
 from vitpipe.data.multilabel import (
     ON_EMPTY_LABELS,
     LabelsFile,
@@ -165,15 +165,7 @@ class FolderImages(Dataset):
 
     def __getitem__(self, i: int):
         path, label = self.samples[i]
-        return _load_image(path), label
-
-
-def _load_image(path: str):
-    """The training-time loader, naming the file if it fails (e.g. changed since the check)."""
-    try:
-        return open_image(path)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"cannot read image {path}: {why_unreadable(err, path)}") from err
+        return load_image(path), label
 
 
 class ImageFolderDataModule(ClassificationDataModule):
@@ -185,10 +177,10 @@ class ImageFolderDataModule(ClassificationDataModule):
     them out with a counted warning (with a labels file also a file it names that is missing).
     labels: ``folders``, ``none`` or a labels file ``<name>.csv`` (multi-label; its layout, splits
     and checks: vitpipe.data.multilabel); on_empty_labels: what a labels-file row without labels
-    does: ``keep`` (an all-negative target; counted in a note), ``skip`` (counted) or ``error``. test_split: without ``root/test/``, the fraction in [0, 1) or
-    count of train/'s images held out as the test split (seeded by ``seed``; conf/data/imagefolder.yaml:
-    0.1); None or 0: no test split. Other keyword args: see ClassificationDataModule. ImageNet
-    statistics by default.
+    does: ``keep`` (an all-negative target; counted in a note), ``skip`` (counted) or ``error``.
+    test_split: without ``root/test/``, the fraction in [0, 1) or count of train/'s images held out as
+    the test split (seeded by ``seed``; conf/data/imagefolder.yaml: 0.1); None or 0: no test split.
+    Other keyword args: see ClassificationDataModule. ImageNet statistics by default.
     """
 
     has_val_split = True  # root/val/, when present

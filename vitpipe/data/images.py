@@ -20,6 +20,7 @@ import numpy as np
 from PIL import Image, ImageOps
 from tqdm import tqdm
 
+from vitpipe.errors import ConfigError
 from vitpipe.run.files import atomic_write_json
 from vitpipe.run.jsonfiles import loads
 
@@ -67,6 +68,15 @@ def why_unreadable(err: Exception, path) -> str:
         return err.strerror  # e.g. "Permission denied"; str(err) repeats the path
     text = (str(err).strip().splitlines() or [type(err).__name__])[0]
     return text.replace(repr(str(path)), "").replace(str(path), "").strip(" :") or type(err).__name__
+
+
+def load_image(path: str) -> Image.Image:
+    """The training-time loader of image folders (one class or a label set per image), naming the file if it
+    fails (e.g. changed since the check)."""
+    try:
+        return open_image(path)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"cannot read image {path}: {why_unreadable(err, path)}") from err
 
 
 def _decode_error(path: str) -> str | None:

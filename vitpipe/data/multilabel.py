@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from vitpipe.data.images import load_image
 from vitpipe.data.transforms import TransformedSubset
 from vitpipe.errors import ConfigError
 
@@ -162,9 +163,7 @@ class MultiLabelImages(Dataset):
         return len(self.paths)
 
     def __getitem__(self, i: int):
-        from vitpipe.data.imagefolder import _load_image
-
-        return _load_image(self.paths[i]), self.targets[i]
+        return load_image(self.paths[i]), self.targets[i]
 
     def subset(self, indices) -> MultiLabelImages:
         idx = [int(i) for i in indices]
