@@ -19,8 +19,9 @@ from hydra.utils import get_method
 from omegaconf import OmegaConf
 
 from vitpipe.errors import ConfigError
-from vitpipe.run.checkpoint import ALLOWED_TARGETS, Rebuilt, load_checkpoint, rebuild
+from vitpipe.run.checkpoint import Rebuilt, rebuild
 from vitpipe.run.paths import resolve_ckpt_path
+from vitpipe.run.stored import ALLOWED_TARGETS, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH, BASE = 16, 8  # debug=fast's batch; lr_scaling base: linear factor 2

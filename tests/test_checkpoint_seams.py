@@ -94,12 +94,12 @@ def test_absolute_labels_path_inside_the_root_trains_then_predicts_exports_and_e
 def _multilabel_checkpoint(tmp_path: Path, labels: str) -> Path:
     """A multi-label checkpoint (random weights) whose stored config names ``data.labels=labels``,
     as training with that value stored it before the rule (an absolute path kept as given)."""
-    from vitpipe.tasks.train import build
+    from vitpipe.run.build import build_from_config
 
     data = write_multilabel_folder(tmp_path / "D")
     cfg = make_cfg(tmp_path, ["debug=fast", "data=imagefolder", f"data.root={data}", "data.labels=labels.csv",
                               "module.task=multilabel", *TINY_VIT])
-    dm, _, module = build(cfg)
+    dm, _, module = build_from_config(cfg)
     stored = OmegaConf.to_container(cfg, resolve=True)
     stored.pop("hydra", None)
     stored["data"]["labels"] = labels
@@ -115,8 +115,8 @@ def test_every_labels_path_training_accepts_loads_for_predict(tmp_path, where):
     """A checkpoint whose stored data.labels is absolute inside the root, `a/../labels.csv`, or a file
     outside the root (training reads any of them) rebuilds for predict (serve and demo load through the
     same load_predictor); the path read back never points outside the current data root."""
+    from vitpipe.inference.load import load_predictor
     from vitpipe.run.paths import default_paths
-    from vitpipe.tasks.predict import load_predictor
 
     outside = tmp_path / "elsewhere" / "labels.csv"
     value = {"absolute-inside": str(tmp_path / "D" / "labels.csv"), "dotdot-inside": "img/../labels.csv",
@@ -128,7 +128,7 @@ def test_every_labels_path_training_accepts_loads_for_predict(tmp_path, where):
     paths = default_paths()
     paths.data_dir = str(tmp_path / "data")
     loaded = load_predictor(str(ckpt), paths=paths)
-    assert loaded.multilabel and loaded.net.num_classes == len(CLASSES)
+    assert loaded.kind.name == "multilabel" and loaded.net.num_classes == len(CLASSES)
     assert loaded.built.cfg.data.labels == "labels.csv"  # relative: read under the current root, nowhere else
 
 
@@ -147,10 +147,10 @@ def test_other_stored_data_paths_are_read_under_the_current_root(tmp_path, secti
     """data.splits.* (inside the root: relative; outside: the name under the current root), a Karpathy
     split file, a shards cache folder and storage options (this machine's, never the file's): what the
     reader rebuilds from a stored data section training accepted, and no refusal."""
-    from vitpipe.run.checkpoint import _stored_data
+    from vitpipe.run.stored import stored_data
 
     data = {"_target_": "vitpipe.data.captions.COCOCaptionDataModule", **section}
-    got = _stored_data(data, {"data_dir": "/old/data"}, str(tmp_path / "data"), "x.ckpt")
+    got = stored_data(data, {"data_dir": "/old/data"}, str(tmp_path / "data"))
     assert got["root"] == str(tmp_path / "data")  # data roots are never taken from a checkpoint
     for key, value in expect.items():
         assert got[key] == value, key
@@ -185,8 +185,9 @@ LOADERS = textwrap.dedent("""
     import json, resource, sys
     from pathlib import Path
     from vitpipe.errors import ConfigError
-    from vitpipe.models.timm_compat import read_state_dict
-    from vitpipe.run.checkpoint import load_checkpoint, load_from_checkpoint
+    from vitpipe.models.weights import read_state_dict
+    from vitpipe.run.checkpoint import load_from_checkpoint
+    from vitpipe.run.stored import load_checkpoint
     from vitpipe.run.paths import resolve_ckpt_path
     bomb, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -221,9 +222,10 @@ def test_zip_bomb_is_refused_in_one_line_before_torch_load_runs(tmp_path, monkey
     captioner's tokenizer (read by load_from_checkpoint), the recorded-best lookup of a run directory) refuses
     it in one line from the zip's directory; torch.load, which allocates and inflates each record first, is
     never called on it."""
-    from vitpipe.models.timm_compat import read_state_dict
-    from vitpipe.run.checkpoint import load_checkpoint, load_from_checkpoint
+    from vitpipe.models.weights import read_state_dict
+    from vitpipe.run.checkpoint import load_from_checkpoint
     from vitpipe.run.paths import resolve_ckpt_path
+    from vitpipe.run.stored import load_checkpoint
 
     bomb, run_dir = _bomb_run(tmp_path, 32)
     opened = []
@@ -316,10 +318,11 @@ def test_train_ckpt_path_last_resumes_the_newest_run_of_its_own_task_and_model(t
     """The README order: a classifier run, then MAE pre-training, then ``train.py ckpt_path=last``:
     the classifier run (the MAE one was newer), named in one line with what was passed over; a newer
     classifier of another width is passed over too (its weights do not fit)."""
-    from vitpipe.tasks.train import build, resume_path
+    from vitpipe.run.build import build_from_config
+    from vitpipe.tasks.train import resume_path
 
     cfg = make_cfg(tmp_path, ["debug=fast", "logger=none", "ckpt_path=last"])
-    _, net, _ = build(cfg)
+    _, net, _ = build_from_config(cfg)
     log_dir = Path(cfg.paths.log_dir) / cfg.task_name
     own = torch.load(tiny_checkpoint("sincos2d", tmp_path / "tiny"), map_location="cpu", weights_only=True)
     wider = torch.load(tiny_checkpoint("sincos2d_rgb", tmp_path / "tiny"), map_location="cpu", weights_only=True)

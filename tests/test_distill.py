@@ -109,12 +109,12 @@ def test_options_are_checked_in_one_line():
 
 
 def test_teacher_is_frozen_and_unsaved_through_a_real_fit(tmp_path, cfg_factory):
-    from vitpipe.tasks.train import build
+    from vitpipe.run.build import build_from_config
 
     ckpt = checkpoint("sincos2d", tmp_path)  # a vitpipe checkpoint as the teacher
     cfg = cfg_factory("debug=fast", "logger=none", "model.dist_token=true", f"module.distill.teacher={ckpt}",
                       "module.distill.type=hard", sub="student")  # fmt: skip
-    dm, net, m = build(cfg)
+    dm, net, m = build_from_config(cfg)
     reference = load_teacher(str(ckpt), num_classes=10, in_chans=1)
     before = copy.deepcopy(net.state_dict())
     trainer = L.Trainer(accelerator="cpu", max_steps=3, limit_val_batches=0, logger=False,
@@ -169,16 +169,16 @@ class _OpensAFile:
 
 
 def test_the_shipped_teacher_file_names_its_architecture():
-    """fmnist_vit names only the file: conf/teachers/fmnist_resnet10t.safetensors carries arch, kwargs
+    """fmnist_vit names only the file: assets/teachers/fmnist_resnet10t.safetensors carries arch, kwargs
     and img_size (as scripts/make_teacher.py writes them), and the experiment restates none of them."""
     from vitpipe.lit.distill import file_metadata
 
     root = Path(__file__).resolve().parents[1]
-    meta = file_metadata(root / "conf" / "teachers" / "fmnist_resnet10t.safetensors")
+    meta = file_metadata(root / "assets" / "teachers" / "fmnist_resnet10t.safetensors")
     assert meta == {"arch": "resnet10t", "kwargs": {"channels": (32, 64, 128, 224)}, "img_size": (56, 56)}
     distill = OmegaConf.load(root / "conf" / "experiment" / "fmnist_vit.yaml").module.distill
     assert not {"arch", "kwargs", "img_size"} & set(distill)
-    teacher = load_teacher(str(root / "conf" / "teachers" / "fmnist_resnet10t.safetensors"), num_classes=10, in_chans=1)
+    teacher = load_teacher(str(root / "assets" / "teachers" / "fmnist_resnet10t.safetensors"), num_classes=10, in_chans=1)
     assert teacher.img_size == (56, 56) and teacher.num_features == 224
 
 
@@ -211,7 +211,7 @@ def test_timm_models_build_from_the_config_and_refuse_what_they_cannot_do(cfg_fa
 
     from vitpipe.config.build import instantiate_checked
     from vitpipe.models.timm_compat import timm_kwargs
-    from vitpipe.run.checkpoint import ALLOWED_TARGETS
+    from vitpipe.run.stored import ALLOWED_TARGETS
 
     cfg = cfg_factory("model=timm", "model.name=resnet10t")  # not debug=fast: it sets ViT dims
     assert cfg.model._target_ in ALLOWED_TARGETS["model"]
@@ -231,8 +231,9 @@ def test_a_timm_cnn_teacher_trained_by_vitpipe_distils_into_a_dist_token_vit(tmp
     student's teacher, and the student's checkpoint rebuilds (no teacher inside) for eval."""
     from conftest import make_cfg
 
-    from vitpipe.run.checkpoint import load_checkpoint, rebuild
+    from vitpipe.run.checkpoint import rebuild
     from vitpipe.run.paths import resolve_ckpt_path
+    from vitpipe.run.stored import load_checkpoint
     from vitpipe.tasks.train import train
 
     limits = ["logger=none", "trainer=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=2",

@@ -16,7 +16,7 @@ from fault_injection import NaNLossOnRank
 from hydra.utils import instantiate
 from lightning.pytorch.plugins import MixedPrecision
 
-from vitpipe.tasks.train import build
+from vitpipe.run.build import build_from_config
 
 DECAY, STEPS = 0.5, 3
 
@@ -44,7 +44,7 @@ def fit(cfg_factory, accumulate: int, *overrides: str, steps: int = STEPS, callb
     cfg = cfg_factory("debug=fast", "logger=none", "test=false", "data.batch_size=8",
                       f"trainer.limit_train_batches={steps * accumulate}",
                       f"trainer.accumulate_grad_batches={accumulate}", f"module.ema_decay={DECAY}", *overrides)
-    dm, net, module = build(cfg)
+    dm, net, module = build_from_config(cfg)
     initial = {k: v.detach().clone() for k, v in net.named_parameters()}
     recorder = PostStepWeights()
     trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False, callbacks=[recorder, *callbacks],
@@ -60,7 +60,7 @@ def test_ema_follows_the_decay_formula_per_optimizer_step(cfg_factory, accumulat
     expected = ema_by_formula(initial, weights, range(1, STEPS + 1))
     ema = dict(module.ema.module.named_parameters())
     for k, v in expected.items():
-        torch.testing.assert_close(ema[k], v, rtol=0, atol=1e-6, msg=lambda m: f"{k}: {m}")
+        torch.testing.assert_close(ema[k], v, rtol=0, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
     final = weights[STEPS]
     assert any((ema[k] - final[k]).abs().max() > 1e-4 for k in final)  # it trails the weights: a real average
 
@@ -94,4 +94,4 @@ def test_a_step_that_left_the_weights_alone_leaves_the_ema_alone(cfg_factory, ho
     expected = ema_by_formula(initial, weights, [1, 2, 4])
     ema = dict(module.ema.module.named_parameters())
     for k, v in expected.items():
-        torch.testing.assert_close(ema[k], v, rtol=0, atol=1e-6, msg=lambda m: f"{k}: {m}")
+        torch.testing.assert_close(ema[k], v, rtol=0, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")

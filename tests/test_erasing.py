@@ -44,8 +44,13 @@ def test_probability_zero_is_identity_and_bad_values_refused():
     dm = DigitsDataModule(img_size=8, in_chans=1, num_classes=10, channels=1, random_erasing=0.0)
     names = [type(op).__name__ for op in dm.transform(train=True).transforms]
     assert "RandomErasing" not in names
+    from omegaconf import OmegaConf
+
+    from vitpipe.config.preflight import check_data_arguments  # the config check, before the module is built
+
     with pytest.raises(ConfigError, match="data.random_erasing=1.5"):
-        DigitsDataModule(img_size=8, in_chans=1, num_classes=10, channels=1, random_erasing=1.5)
+        check_data_arguments(OmegaConf.create({"_target_": "vitpipe.data.digits.DigitsDataModule", "img_size": 8,
+                                               "in_chans": 1, "num_classes": 10, "channels": 1, "random_erasing": 1.5}))
 
 
 def test_standard_path_uses_timm_random_erasing_after_normalisation():

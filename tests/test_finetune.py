@@ -24,7 +24,8 @@ from vitpipe.errors import ConfigError
 from vitpipe.lit import ImageClassifier
 from vitpipe.lit.optim import param_groups
 from vitpipe.models import create_model
-from vitpipe.tasks.train import build, train
+from vitpipe.run.build import build_from_config
+from vitpipe.tasks.train import train
 
 DEPTH, DECAY = 3, 0.5  # 0.5: every layer's rate is a distinct power of two
 
@@ -233,7 +234,7 @@ def test_head_then_full_encoder_waits_for_the_warmup_epochs(cfg_factory, tmp_pat
 ])
 def test_bad_finetune_settings_fail_in_one_line_before_training(cfg_factory, override, words):
     with pytest.raises(ConfigError) as err:
-        build(cfg_factory("debug=fast", override))
+        build_from_config(cfg_factory("debug=fast", override))
     assert words in str(err.value) and "\n" not in str(err.value)
 
 

@@ -26,10 +26,10 @@ class Probe(L.Callback):
 
 
 def test_sizes_follow_the_schedule_and_return_after_fit(tmp_path):
-    from vitpipe.tasks.train import build
+    from vitpipe.run.build import build_from_config
 
     cfg = make_cfg(tmp_path, ["debug=fast", "logger=none"])  # vit_nano: 8x8 digits, patch 2
-    dm, _, module = build(cfg)
+    dm, _, module = build_from_config(cfg)
     probe = Probe()
     schedule = ProgressiveResolution(img_sizes=[4, 6, 8], batch_sizes=[8, 4, 2], start_epochs=[0, 1, 3])
     trainer = L.Trainer(accelerator="cpu", max_epochs=4, limit_train_batches=2, limit_val_batches=1,
@@ -61,9 +61,9 @@ def test_bad_schedules_are_one_line(kwargs, message):
 
 
 def test_a_size_the_patch_does_not_divide_is_refused_at_setup(tmp_path):
-    from vitpipe.tasks.train import build
+    from vitpipe.run.build import build_from_config
 
-    dm, _, module = build(make_cfg(tmp_path, ["debug=fast", "logger=none"]))
+    dm, _, module = build_from_config(make_cfg(tmp_path, ["debug=fast", "logger=none"]))
     trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, callbacks=[ProgressiveResolution(img_sizes=[5, 8], start_epochs=[0, 1])])
     with pytest.raises(ValueError, match=r"^callbacks.progressive.img_sizes: 5 is not divisible by the model's patch "
@@ -83,10 +83,10 @@ def test_the_config_group_composes_and_builds(tmp_path):
 def test_a_resumed_run_continues_in_the_stage_it_stopped_in(tmp_path):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from vitpipe.tasks.train import build
+    from vitpipe.run.build import build_from_config
 
     def fit(max_epochs, ckpt_path=None):
-        dm, _, module = build(make_cfg(tmp_path, ["debug=fast", "logger=none"]))
+        dm, _, module = build_from_config(make_cfg(tmp_path, ["debug=fast", "logger=none"]))
         probe = Probe()
         trainer = L.Trainer(accelerator="cpu", max_epochs=max_epochs, limit_train_batches=2, limit_val_batches=1,
                             logger=False, enable_progress_bar=False, enable_model_summary=False,
@@ -110,11 +110,11 @@ def test_derived_sizes_run_from_half_to_full_in_patch_multiples(img_size, multip
 
 def test_callbacks_progressive_alone_derives_its_schedule_from_the_run(tmp_path):
     from vitpipe.config.build import instantiate_callbacks
-    from vitpipe.tasks.train import build
+    from vitpipe.run.build import build_from_config
 
     cfg = make_cfg(tmp_path, ["debug=fast", "logger=none", "callbacks=progressive"])  # 8 px digits, patch 2
     (schedule,) = [c for c in instantiate_callbacks(cfg.callbacks) if isinstance(c, ProgressiveResolution)]
-    dm, _, module = build(cfg)
+    dm, _, module = build_from_config(cfg)
     probe = Probe()
     trainer = L.Trainer(accelerator="cpu", max_epochs=6, limit_train_batches=1, limit_val_batches=1,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -125,9 +125,9 @@ def test_callbacks_progressive_alone_derives_its_schedule_from_the_run(tmp_path)
 
 
 def test_a_derived_schedule_needs_an_epoch_per_stage(tmp_path):
-    from vitpipe.tasks.train import build
+    from vitpipe.run.build import build_from_config
 
-    dm, _, module = build(make_cfg(tmp_path, ["debug=fast", "logger=none"]))
+    dm, _, module = build_from_config(make_cfg(tmp_path, ["debug=fast", "logger=none"]))
     trainer = L.Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, callbacks=[ProgressiveResolution()])
     with pytest.raises(ValueError, match=r"^callbacks.progressive.start_epochs=null needs trainer.max_epochs >= 3 "

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 import torch
 
-from vitpipe.data import DigitsDataModule, SyntheticDataModule
+from vitpipe.data import SyntheticDataModule
 from vitpipe.data.repeated import RepeatedAugSampler
 from vitpipe.data.shards import ShardsDataModule
 from vitpipe.errors import ConfigError
@@ -76,12 +76,18 @@ def test_views_of_one_image_differ_and_eval_is_unaffected():
 
 
 def test_combinations_it_cannot_honour_are_refused_in_one_line():
+    from omegaconf import OmegaConf
+
+    from vitpipe.config.preflight import check_data_arguments  # the config check, before the module is built
+
     args = dict(img_size=8, in_chans=1, num_classes=10, channels=1)
+    digits = {"_target_": "vitpipe.data.digits.DigitsDataModule", **args}
     for bad in (0, 1.5, True):
         with pytest.raises(ConfigError, match=f"data.repeated_aug={bad!r}"):
-            DigitsDataModule(repeated_aug=bad, **args)
+            check_data_arguments(OmegaConf.create({**digits, "repeated_aug": bad}))
     with pytest.raises(ConfigError, match="data.sampler=balanced") as err:
-        DigitsDataModule(repeated_aug=3, sampler="balanced", **args)
+        check_data_arguments(OmegaConf.create({**digits, "repeated_aug": 3, "sampler": "balanced"}))
     assert "\n" not in str(err.value)
+    check_data_arguments(OmegaConf.create({**digits, "repeated_aug": 3}))  # alone it is fine
     with pytest.raises(ConfigError, match="not supported with data=shards"):
         ShardsDataModule(root="anywhere", repeated_aug=3, **args)

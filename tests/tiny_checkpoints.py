@@ -49,12 +49,12 @@ def checkpoint(kind: str, base: Path) -> Path:
     """``base/<kind>/checkpoints/epoch_000.ckpt`` with random weights (made once per session)."""
     if kind in _made:
         return _made[kind]
-    from vitpipe.tasks.train import build
+    from vitpipe.run.build import build_from_config
 
     root = base / kind
     extra = [f"data.root={write_image_folder(root / 'images')}"] if kind == "folder" else []
     cfg = make_cfg(root, ["debug=fast", "logger=none", *KINDS[kind], *extra])
-    dm, net, module = build(cfg)
+    dm, net, module = build_from_config(cfg)
     torch.manual_seed(0)
     with torch.no_grad():
         for name, p in net.named_parameters():
@@ -104,11 +104,11 @@ def timm_checkpoint(base: Path, name: str = "resnet10t") -> Path:
     key = f"timm:{name}"
     if key in _made:
         return _made[key]
-    from vitpipe.tasks.train import build
+    from vitpipe.run.build import build_from_config
 
     root = base / "timm"
     cfg = make_cfg(root, ["model=timm", f"model.name={name}", "model.img_size=8", "logger=none", "trainer=cpu"])
-    dm, net, module = build(cfg)  # not debug=fast: it sets ViT widths
+    dm, net, module = build_from_config(cfg)  # not debug=fast: it sets ViT widths
     stored = OmegaConf.to_container(cfg, resolve=True)
     stored.pop("hydra", None)
     path = root / "run" / "checkpoints" / "epoch_000.ckpt"

@@ -11,7 +11,7 @@ torch's global generator, or CUDA's; timm's Mixup/CutMix from numpy's; Python's 
 reproduced only if those generators continue where they stood. Lightning's checkpoints hold no
 generator state, so ``rng_state`` / ``set_rng_state`` put one process's into plain data (tensors,
 ints, lists: a ``weights_only`` load reads them) and ``RNG_KEY`` holds one entry per rank
-(vitpipe.lit.checkpointing.PreemptionCheckpoint gathers, saves and restores them). Nothing else may
+(vitpipe.lit.preemption.rng.RandomStreams gathers, saves and restores them). Nothing else may
 draw from those generators between the save and the next training step, or it must draw the same in
 the resumed run: hence every vitpipe DataLoader has its own ``loader_generator`` (an iterator of a
 DataLoader without one draws its workers' base seed from torch's global generator, and a resumed

@@ -7,18 +7,12 @@
 - ``PreemptionCheckpoint``: on SIGTERM (what schedulers send before killing a job) or Ctrl-C,
   Lightning finishes the current batch and raises ``SIGTERMException``; this callback then writes
   ``last.ckpt`` at that batch boundary (only while fitting), so ``ckpt_path=last`` continues from
-  the exact step. Every checkpoint it is part of holds each rank's global random generators; on
-  resume it restores them, says where it continues, removes stale temporary files, and hides
-  Lightning's "dataloader is not resumable" warning where vitpipe's data state makes it wrong.
+  the exact step. Its parts (signals, SLURM requeue, what the CLI is told, random streams, resume)
+  are the modules of ``vitpipe.lit.preemption``.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
-import threading
-import warnings
 from pathlib import Path
 
 import lightning as L
@@ -28,10 +22,14 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
-from vitpipe.data.resume import RNG_KEY, rank_rng_state, restores_position, rng_state, set_rng_state
-from vitpipe.run.files import atomic_write, remove_stale_temp_files
+from vitpipe.data.resume import restores_position
+from vitpipe.lit.preemption.requeue import SUBMITIT_SIGNAL
+from vitpipe.lit.preemption.resume import QuietExactResume, announce, checkpoint_dir, clean_checkpoint_dirs
+from vitpipe.lit.preemption.rng import RandomStreams
+from vitpipe.lit.preemption.signals import Interrupts
+from vitpipe.lit.preemption.stop import mark_requeue, mark_saved, mark_stop
+from vitpipe.run.files import atomic_write
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -103,209 +101,83 @@ class BestAndLastCheckpoint(ModelCheckpoint):
         self._last_global_step_saved = saved_step
 
 
-_NOT_CAUGHT = object()
-# Lightning's training_epoch_loop warns so on a mid-epoch restart from a loader without state_dict
-NOT_RESUMABLE = r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not resumable"
-
-
-class SecondInterrupt(BaseException):
-    """Ctrl-C pressed again before the first one reached a batch boundary: stop now, save nothing.
-
-    Not a ``KeyboardInterrupt``: Lightning turns that into ``sys.exit(1)``; this one reaches
-    ``vitpipe.tasks.cli``, which exits 130 like any Ctrl-C.
-    """
-
-
 class PreemptionCheckpoint(L.Callback):
-    """Stops and resumes.
+    """Stops and resumes: on SIGTERM (what schedulers send before killing a job), Ctrl-C or SLURM's requeue
+    warning, ``last.ckpt`` at the batch boundary (only while fitting), so ``ckpt_path=last`` (or ``auto``
+    after a requeue) continues from the exact step with the same random streams.
 
-    - SIGTERM while fitting: ``last.ckpt`` at the batch boundary (Lightning stops there).
-    - Ctrl-C (SIGINT) is relayed as SIGTERM, so it stops the same way, on every DDP rank (Lightning
-      broadcasts the stop); a second Ctrl-C stops at once without saving.
-    - SLURM through submitit (``hydra/launcher=slurm``): submitit's handler of its warning signal
-      (USR2, ``signal_delay_s`` before the time limit) requeues the job and exits at once, mid-batch,
-      saving nothing. It is deferred: the signal stops the run like SIGTERM (``last.ckpt`` at the
-      batch boundary), and ``vitpipe.tasks.cli`` then calls submitit's handler, which requeues the job with
-      the same config; ``ckpt_path=auto`` resumes it from that ``last.ckpt``.
-    - The ``SIGTERMException`` that ends the run carries ``vitpipe_signal``, ``vitpipe_stage`` and
-      ``vitpipe_checkpoint`` (the path written, or None: nothing is saved outside fit), which
-      ``vitpipe.tasks.cli`` turns into one line and the exit status 128 + signal.
-    - Resume: prints the path, epoch and step it continues from; at start and on resume, removes
-      the temporary files that killed saves left in the checkpoint directories.
-    - Random streams: every checkpoint gets ``rng_states``, the global generators (torch, CUDA,
-      numpy, Python) of every rank, gathered into the one file rank 0 writes (a collective, as
-      Lightning's saves are). A resumed fit gives each rank its own back in ``on_train_start``: after
-      everything the resume itself does (loading, setting up the loaders) and right before the
-      loop's next batch, the point where the saving run stood. Drop path, dropout and mixup then
-      draw what they would have drawn. A checkpoint without them (older, or another world size)
-      resumes with fresh streams and says so in one line.
-    - A mid-epoch resume whose checkpoint holds the data module's ResumeState (the sampler skips the
-      trained batches, augmentation is seeded by step: vitpipe.data.resume) continues exactly, so
-      Lightning's "dataloader is not resumable ... unreliable results" is wrong there: it is ignored
-      from on_train_start to the first batch, where Lightning's loop restart emits it. Without that
-      state (a data module with no ResumeState, an older checkpoint) the warning stays.
+    The Lightning hooks below only wire the parts of ``vitpipe.lit.preemption``, one per concern:
+    ``Interrupts`` (which signal stops the run; Ctrl-C relayed as SIGTERM, twice: ``SecondInterrupt``),
+    ``DeferredRequeue`` (submitit's handler, called after the save), ``stop`` (what the exception carries
+    for the CLI), ``RandomStreams`` (every rank's generators) and ``resume`` (message, temporary-file
+    clean-up, the quieted "not resumable" warning).
     """
 
     def __init__(self, filename: str = "last.ckpt") -> None:
         self.filename = filename
-        self._signal: int | None = None  # the signal that is stopping the current stage
-        self._previous_sigint = _NOT_CAUGHT
-        self._trainer: L.Trainer | None = None
+        self.interrupts = Interrupts()
+        self.streams = RandomStreams()
+        self.quiet = QuietExactResume()
         self._exact_resume = False  # set by on_load_checkpoint, consumed by on_train_start
-        self._rng_state: dict | None = None  # this rank's saved generators, restored in on_train_start
-        self._quiet: warnings.catch_warnings | None = None
-        self._requeue = None  # submitit's handler of its requeue signal, deferred to after the save
 
-    # ---- Ctrl-C: installed after Lightning registers its SIGTERM handler (before on_*_start) ----
+    # ---- each stage: our handlers, installed after Lightning registers its SIGTERM handler ----
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self._catch_sigint(trainer)
-        if self._rng_state is not None:
-            set_rng_state(self._rng_state)
-            self._rng_state = None
-        if self._exact_resume and self._quiet is None:
-            self._quiet = warnings.catch_warnings()
-            self._quiet.__enter__()
-            warnings.filterwarnings("ignore", message=NOT_RESUMABLE, category=PossibleUserWarning)
+        self.interrupts.catch(trainer)
+        self.streams.restore()
+        if self._exact_resume:
+            self.quiet.start()
         self._exact_resume = False
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._unquiet()
+        self.quiet.stop()
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._unquiet()
-
-    def _unquiet(self) -> None:
-        if self._quiet is not None:
-            quiet, self._quiet = self._quiet, None
-            quiet.__exit__(None, None, None)
+        self.quiet.stop()
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        self._catch_sigint(trainer)
+        self.interrupts.catch(trainer)
 
     def on_test_start(self, trainer, pl_module) -> None:
-        self._catch_sigint(trainer)
+        self.interrupts.catch(trainer)
 
     def on_predict_start(self, trainer, pl_module) -> None:
-        self._catch_sigint(trainer)
+        self.interrupts.catch(trainer)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        self._unquiet()
-        self._release_sigint()
-
-    def _catch_sigint(self, trainer) -> None:
-        if self._previous_sigint is not _NOT_CAUGHT or threading.current_thread() is not threading.main_thread():
-            return
-        self._signal, self._trainer = None, trainer
-        self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
-        if self._requeue is None and _is_submitit_requeue(signal.getsignal(SUBMITIT_SIGNAL)):
-            self._requeue = signal.signal(SUBMITIT_SIGNAL, self._on_requeue_signal)
-
-    def _release_sigint(self) -> None:
-        if self._requeue is not None and self._signal != SUBMITIT_SIGNAL and \
-                threading.current_thread() is threading.main_thread():
-            signal.signal(SUBMITIT_SIGNAL, self._requeue)  # not signalled: submitit's handler as it was
-            self._requeue = None
-        if self._previous_sigint is _NOT_CAUGHT:
-            return
-        previous = self._previous_sigint
-        self._previous_sigint = _NOT_CAUGHT
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
-
-    def _on_sigint(self, signum, frame) -> None:
-        if self._signal == signal.SIGINT:  # pressed twice: stop now, without saving
-            self._release_sigint()
-            raise SecondInterrupt("Ctrl-C pressed twice: stopped at once, nothing saved")
-        self._signal = signal.SIGINT
-        if self._trainer is None or self._trainer.is_global_zero:
-            fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
-            what = "and saving last.ckpt " if fitting else ""
-            print(f"\nvitpipe: SIGINT: stopping at the end of this batch {what}(Ctrl-C again: stop now, "
-                  "without saving)", file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGTERM)  # Lightning's pre-emption path: batch boundary, all ranks
-
-    def _on_requeue_signal(self, signum, frame) -> None:
-        if self._signal is not None:
-            return  # already stopping
-        self._signal = signum
-        if self._trainer is None or self._trainer.is_global_zero:
-            print(f"\nvitpipe: {signal.Signals(signum).name} from SLURM (time limit or pre-emption ahead): stopping "
-                  "at the end of this batch, saving last.ckpt, then submitit requeues the job", file=sys.stderr,
-                  flush=True)
-        os.kill(os.getpid(), signal.SIGTERM)
+        self.quiet.stop()
+        self.interrupts.release()
 
     # ---- the stop ----------------------------------------------------------------------------
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        self._unquiet()
-        self._release_sigint()
+        self.quiet.stop()
+        self.interrupts.release()
         if not isinstance(exception, SIGTERMException):
             return
-        exception.vitpipe_signal = int(self._signal or signal.SIGTERM)
-        exception.vitpipe_stage = trainer.state.fn.value if trainer.state.fn else "?"
-        exception.vitpipe_checkpoint = None
-        exception.vitpipe_step = trainer.global_step
-        if self._signal == SUBMITIT_SIGNAL and self._requeue is not None:
-            handler, self._requeue = self._requeue, None
-            signal.signal(SUBMITIT_SIGNAL, handler)
-            exception.vitpipe_requeue = lambda: handler(SUBMITIT_SIGNAL, None)  # vitpipe.tasks.cli calls it last
+        mark_stop(exception, trainer, self.interrupts.signal)
+        if self.interrupts.signal == SUBMITIT_SIGNAL and self.interrupts.requeue.handler is not None:
+            mark_requeue(exception, self.interrupts.requeue.release())
         if trainer.state.fn != TrainerFn.FITTING:
             return  # testing/validating: there is no training state to save
-        path = _checkpoint_dir(trainer) / self.filename
+        path = checkpoint_dir(trainer) / self.filename
         # the full state (optimizer, loops), to resume; collective under DDP: every rank got the SIGTERM broadcast
         trainer.save_checkpoint(path, weights_only=False)
-        exception.vitpipe_checkpoint = str(path)  # the CLI names it in the stop message
+        mark_saved(exception, path)
 
     # ---- resume --------------------------------------------------------------------------------
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        checkpoint[RNG_KEY] = _rng_states_of_all_ranks(trainer)
+        self.streams.save(trainer, checkpoint)
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if trainer.is_global_zero:
-            dirs = {Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)}
-            for d in dirs | {_checkpoint_dir(trainer), Path(trainer.default_root_dir)}:
-                remove_stale_temp_files(d)
+            clean_checkpoint_dirs(trainer)
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         if trainer.state.fn != TrainerFn.FITTING:
             return
         self._exact_resume = restores_position(trainer.datamodule, checkpoint)
-        self._rng_state, fresh = rank_rng_state(checkpoint.get(RNG_KEY), trainer.global_rank, trainer.world_size)
-        if not trainer.is_global_zero:
-            return
-        path = trainer.ckpt_path
-        if path:
-            remove_stale_temp_files(Path(path).parent)  # the interrupted run's directory
-        print(f"vitpipe: resuming from {path} at epoch {checkpoint.get('epoch')}, "
-              f"global step {checkpoint.get('global_step')}", flush=True)
-        if fresh:
-            print(f"vitpipe: {fresh}: the random streams (drop path, dropout, mixup) start fresh, so the run "
-                  "continues but not bit-identically to one that never stopped", flush=True)
-
-
-SUBMITIT_SIGNAL = signal.SIGUSR2  # submitit's --signal (time limit / pre-emption warning)
-
-
-def _is_submitit_requeue(handler) -> bool:
-    """True for submitit's handler that requeues the job and exits (installed in every submitit job)."""
-    return getattr(handler, "__name__", "") == "checkpoint_and_try_requeue" and \
-        type(getattr(handler, "__self__", None)).__module__.startswith("submitit")
-
-
-def _rng_states_of_all_ranks(trainer) -> list[dict]:
-    """Every rank's ``rng_state()``, rank 0 first; a collective under DDP (every rank dumps the
-    checkpoint that rank 0 writes, as Lightning's ``save_checkpoint`` requires)."""
-    mine = rng_state()
-    dist = torch.distributed
-    if trainer.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
-        return [mine]
-    states: list = [None] * trainer.world_size
-    dist.all_gather_object(states, mine)
-    return states
-
-
-def _checkpoint_dir(trainer) -> Path:
-    cb = trainer.checkpoint_callback
-    return Path(cb.dirpath) if cb is not None and cb.dirpath else Path(trainer.default_root_dir) / "checkpoints"
+        fresh = self.streams.load(trainer, checkpoint)
+        if trainer.is_global_zero:
+            announce(trainer, checkpoint, fresh)

@@ -138,8 +138,9 @@ def load_teacher(spec: str, *, num_classes: int, in_chans: int, arch: str | None
 
     path = Path(spec)
     if path.suffix == ".ckpt" or (path.is_dir() and not (path / "config.json").is_file()):
-        from vitpipe.run.checkpoint import load_checkpoint, rebuild
+        from vitpipe.run.checkpoint import rebuild
         from vitpipe.run.paths import resolve_ckpt_path
+        from vitpipe.run.stored import load_checkpoint
 
         ckpt = resolve_ckpt_path(spec, which="best")
         teacher = rebuild(load_checkpoint(ckpt), ckpt).net  # EMA weights when the run kept them

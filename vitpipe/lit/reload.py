@@ -3,8 +3,8 @@
 Lightning rebuilds a module as ``cls(**checkpoint["hyper_parameters"])``. A vitpipe module is handed a
 built network and a partial optimizer (STYLE 3), which are not hyper-parameters, so that call could
 not work (``missing 2 required positional arguments: 'net' and 'optimizer'``), and Lightning's loader
-would rebuild whatever a file names. Here the file is read as data (``weights_only=True``), its stored
-config is checked against the allow-list and the module is rebuilt by vitpipe's own builders: the
+would rebuild whatever a file names. Here the file is read as data and its stored config checked
+against the allow-list (``vitpipe.run.stored``), and the module is rebuilt by vitpipe's own builders: the
 rebuild that eval, predict and export use (``vitpipe.run.checkpoint.rebuild``). So the checkpoints
 written before this existed load too: every checkpoint scripts/train.py writes stores its config.
 
@@ -34,11 +34,12 @@ class LoadsStoredRun:
         Lightning's signature. ``kwargs`` override the module's stored settings (plain values, e.g.
         ``threshold=0.3``); ``map_location``: a device to move the module to. The network comes from the
         checkpoint's stored model config (``net=`` is refused), which is checked like every stored config
-        (``vitpipe.run.checkpoint.ALLOWED_TARGETS``) before anything is built. Every problem is one
+        (``vitpipe.run.stored.ALLOWED_TARGETS``) before anything is built. Every problem is one
         ``ConfigError`` line. ``module.eval_net`` is the network the run validated (its EMA copy when it
         kept one).
         """
-        from vitpipe.run.checkpoint import ALLOWED_TARGETS, load_checkpoint, rebuild
+        from vitpipe.run.checkpoint import rebuild
+        from vitpipe.run.stored import ALLOWED_TARGETS, config_of, load_checkpoint, with_config
 
         what = f"{cls.__name__}.load_from_checkpoint"
         if not isinstance(checkpoint_path, (str, os.PathLike)):
@@ -60,7 +61,7 @@ class LoadsStoredRun:
                               "state_dict")
         path = checkpoint_path
         checkpoint = load_checkpoint(path)
-        stored = checkpoint.get("vitpipe_config")
+        stored = config_of(checkpoint)
         module_cfg = stored.get("module") if isinstance(stored, dict) else None
         if not isinstance(module_cfg, dict):
             raise ConfigError(f"{path} stores no vitpipe config (scripts/train.py writes one), so {what} cannot "
@@ -71,7 +72,7 @@ class LoadsStoredRun:
             raise ConfigError(f"{path} holds a module of class {target.rsplit('.', 1)[-1]}, not {cls.__name__}; load "
                               f"it with {target}.load_from_checkpoint, or vitpipe.load_run")
         if kwargs:  # checked with the rest of the stored config: plain values, no Hydra keys
-            checkpoint = {**checkpoint, "vitpipe_config": {**stored, "module": {**module_cfg, **kwargs}}}
+            checkpoint = with_config(checkpoint, {**stored, "module": {**module_cfg, **kwargs}})
         module = rebuild(checkpoint, path).module
         if not isinstance(module, cls):
             raise ConfigError(f"{path} rebuilds a {type(module).__name__}, not a {cls.__name__}")

@@ -1,4 +1,5 @@
-"""What a run leaves behind: metrics.json, config.yaml, the config inside checkpoints, a summary."""
+"""What a run leaves behind beside its checkpoints: metrics.json, config.yaml (stored by the checkpoints' rule,
+``vitpipe.run.stored``, which also writes the config inside checkpoints), a summary."""
 
 from __future__ import annotations
 
@@ -15,30 +16,6 @@ from vitpipe.run.files import atomic_write_text
 from vitpipe.run.stored import stored_config
 
 
-class ConfigInCheckpoint(L.Callback):
-    """Store the resolved run config and the class names in each checkpoint, so a checkpoint
-    rebuilds its model alone (``vitpipe.run.checkpoint.rebuild``) and names its predictions.
-
-    The config is resolved at ``setup``, not at construction: train() rescales the lr
-    (``apply_lr_scaling``) after the Trainer exists, and the stored config must equal config.yaml.
-    """
-
-    def __init__(self, cfg: DictConfig) -> None:
-        self.cfg = cfg
-        self.config: dict | None = None
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        self.config = stored_config(OmegaConf.to_container(self.cfg, resolve=True))  # data paths: vitpipe.run.stored
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        if self.config is None:
-            self.setup(trainer, pl_module, "fit")
-        checkpoint["vitpipe_config"] = self.config
-        names = getattr(trainer.datamodule, "class_names", None)
-        checkpoint["class_names"] = None if names is None else [str(n) for n in names]
-
-
-
 def output_dir(cfg: DictConfig) -> Path:
     return Path(cfg.paths.output_dir)
 
@@ -46,7 +23,7 @@ def output_dir(cfg: DictConfig) -> Path:
 @rank_zero_only
 def write_run_files(cfg: DictConfig, metrics: dict) -> None:
     out = output_dir(cfg)
-    # the same rule as the config stored in checkpoints (ConfigInCheckpoint): the two stay equal
+    # the same rule as the config stored in checkpoints (vitpipe.run.stored.ConfigInCheckpoint): the two stay equal
     config = stored_config(OmegaConf.to_container(cfg, resolve=True))
     atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(config)))
     if metrics:

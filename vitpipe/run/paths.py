@@ -30,20 +30,19 @@ printed with its kind and what was passed over (a sweep job is named as one); no
 
 from __future__ import annotations
 
-import pickle
-import re
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
+from vitpipe.config.shipped import CONF_DIR  # the shipped Hydra configs (checkout or wheel)
 from vitpipe.errors import ConfigError
 from vitpipe.run.dirs import is_live
-from vitpipe.run.safeload import safe_torch_load
+from vitpipe.run.stored import STATE_DICT, config_in, net_shapes, peek, recorded_best
 
 CHECKPOINTS = "checkpoints"  # <run>/checkpoints/: ModelCheckpoint's dirpath in conf/callbacks/default.yaml
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the checkout's Hydra configs
 
 
 def default_paths() -> DictConfig:
@@ -51,7 +50,7 @@ def default_paths() -> DictConfig:
     there too (no Hydra run directory exists)."""
     spec = CONF_DIR / "paths" / "default.yaml"
     if not spec.is_file():
-        raise ConfigError(f"{spec} is missing: vitpipe reads its configs from the checkout (pip install -e .)")
+        raise ConfigError(f"{spec} is missing: this vitpipe install lacks its configs (vitpipe/conf); reinstall it")
     paths = OmegaConf.load(spec)
     paths.output_dir = "${paths.root_dir}"  # was ${hydra:runtime.output_dir}
     return OmegaConf.create(OmegaConf.to_container(OmegaConf.create({"paths": paths}), resolve=True)["paths"])
@@ -160,10 +159,9 @@ def run_config(folder) -> dict | None:
                 return loaded
     ckpts = sorted((p for p in Path(folder).glob("*.ckpt") if p.is_file()), key=lambda p: p.stat().st_mtime)
     try:
-        stored = safe_torch_load(ckpts[-1], mmap=True).get("vitpipe_config") if ckpts else None
+        return config_in(ckpts[-1]) if ckpts else None
     except Exception:  # noqa: BLE001 - unreadable: the kind is unknown
         return None
-    return stored if isinstance(stored, dict) else None
 
 
 def run_kind(config: dict | None) -> str:
@@ -195,6 +193,30 @@ def needs_kinds(*kinds: str, command: str) -> Usable:
     return usable
 
 
+def resumable_by(net: nn.Module, cfg: DictConfig) -> Usable:
+    """A ``usable`` for train's ``ckpt_path=last``: runs of the same kind as ``cfg`` (``run_kind``: its module and
+    task, from the run's config.yaml) whose newest checkpoint has ``net``'s weights, key for key and shape for
+    shape (read memory-mapped: no weights are loaded), as ``check_fits`` then requires of the one chosen."""
+    want = run_kind(OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg)
+    own = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+
+    def usable(folder: Path) -> str | None:
+        kind = run_kind(run_config(folder))
+        if kind != want:
+            return f"is {a_kind(kind)} run, and this one trains {a_kind(want)}"
+        last = folder / "last.ckpt"
+        ckpts = [last] if last.is_file() else sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)[-1:]
+        try:
+            theirs = net_shapes(peek(ckpts[-1])[STATE_DICT])
+        except Exception:  # noqa: BLE001 - an unreadable checkpoint fits nothing
+            return f"has a checkpoint {ckpts[-1].name} that cannot be read"
+        if theirs != own:
+            return "holds weights of another model than the configured one"
+        return None
+
+    return usable
+
+
 @rank_zero_only
 def _say(line: str) -> None:
     print(line, flush=True)
@@ -213,7 +235,7 @@ def _pick(folder: Path, which: str, what: str) -> Path:
     # file names. When the record points nowhere here, no other file stands in for it: eval, predict and
     # export would report numbers the run never had under its name.
     recorder = last or others[-1]
-    recorded, why = _recorded_best(recorder)
+    recorded, why = recorded_best(recorder)
     present = [p.name for p in [*others, *([last] if last else [])]]
     if recorded:
         name = PurePosixPath(recorded).name
@@ -228,37 +250,3 @@ def _pick(folder: Path, which: str, what: str) -> Path:
     raise ConfigError(f"{what}: cannot tell which of {len(others)} checkpoints is the best: {source}; "
                       f"pass ckpt_path=<one of {', '.join(sorted(present))}>")
 
-
-def _recorded_best(path: Path) -> tuple[str | None, str | None]:
-    """(the best_model_path that ``path``'s ModelCheckpoint state records, or None; why the file could
-    not be read, or None). Read with mmap: no weights are loaded."""
-    try:
-        ckpt = safe_torch_load(path, mmap=True)
-    except Exception as e:  # noqa: BLE001 - said in the caller's one line
-        if isinstance(e, ConfigError):  # refused by its declared sizes: that sentence is the reason
-            return None, str(e).split(": ", 1)[-1]
-        return None, why_unreadable(path, e).split(";")[0].rstrip(".")  # the reason, without its advice
-    callbacks = ckpt.get("callbacks") if isinstance(ckpt, dict) else None
-    states = callbacks.values() if isinstance(callbacks, dict) else ()
-    # ModelCheckpoint (or a subclass) keeps best_model_path; "" until its first top-k save
-    return next((str(s["best_model_path"]) for s in states
-                 if isinstance(s, dict) and s.get("best_model_path")), None), None
-
-
-def why_unreadable(path: Path, err: Exception) -> str:
-    """Why a checkpoint file could not be read, in one sentence with what to do."""
-    if isinstance(err, OSError):
-        return f"{err.strerror or err}."
-    if isinstance(err, pickle.UnpicklingError) and "weights only load failed" in str(err).lower():
-        found = re.search(r"GLOBAL ([\w.]+)", str(err))
-        what = f" ({found.group(1)})" if found else ""
-        return (f"it holds a pickled Python object{what} that loading would have to run as code, and vitpipe "
-                "only loads tensors and plain values from files; use a checkpoint written by scripts/train.py.")
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if not head:
-        return "the file is empty."
-    if head.startswith(b"PK") or head[:1] == b"\x80":  # a torch.save zip archive / an old-style pickle
-        return ("the file is truncated or corrupt (it was probably cut short while being written or copied); "
-                "use another checkpoint of the run.")
-    return "it is not a PyTorch checkpoint (torch.save writes a zip archive); pass a .ckpt written by scripts/train.py."
