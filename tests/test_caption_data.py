@@ -233,13 +233,13 @@ def test_coco_missing_or_bad_files_raise_config_error(tmp_path):
 
 
 def test_coco_config_composes_and_builds_on_a_written_folder(cfg_factory, tmp_path):
-    from vitpipe.tasks.train import build
+    from vitpipe.run.build import build_from_config
 
     splits = write_coco(tmp_path / "coco")
     cfg = cfg_factory("experiment=caption_shapes", "data=coco_captions", "debug=fast", f"data.root={tmp_path / 'coco'}",
                       *(f"data.splits.{s}.{k}={v}" for s, spec in splits.items() for k, v in spec.items()),
                       "data.min_word_freq=1", "data.num_workers=0", "data.pin_memory=false")
-    dm, net, module = build(cfg)
+    dm, net, module = build_from_config(cfg)
     assert net.vocab_size == dm.tokenizer.vocab_size and module.tokenizer is dm.tokenizer
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))

@@ -307,8 +307,9 @@ def test_caption_experiment_trains_scores_and_checkpoints_its_tokenizer(cfg_fact
     import lightning as L
 
     from vitpipe.lit.captioner import CaptionModule
-    from vitpipe.run.checkpoint import load_checkpoint
-    from vitpipe.tasks.train import build, train
+    from vitpipe.run.build import build_from_config
+    from vitpipe.run.stored import load_checkpoint
+    from vitpipe.tasks.train import train
     from vitpipe.text import WordTokenizer
 
     cfg = cfg_factory("experiment=caption_shapes", "debug=fast", f"model.decoder={decoder}", "data.num_train=64",
@@ -319,7 +320,7 @@ def test_caption_experiment_trains_scores_and_checkpoints_its_tokenizer(cfg_fact
     assert 0 <= metrics["test/bleu4"] <= 1 and metrics["test/cider"] >= 0
     assert metrics["val/cider_best"] == pytest.approx(metrics["val/cider"])  # one epoch: best = last
     ckpt = next(Path(cfg.paths.output_dir).rglob("*.ckpt"))
-    dm, net, _ = build(cfg)
+    dm, net, _ = build_from_config(cfg)
     trained = WordTokenizer.from_state_dict(load_checkpoint(ckpt)["tokenizer"])
     assert trained.itos == dm.tokenizer.itos
 
@@ -339,11 +340,11 @@ def test_caption_nan_loss_stops_with_the_one_line_error_naming_the_step(cfg_fact
     from hydra.utils import instantiate
 
     from vitpipe.lit.classifier import NonFiniteLossError
-    from vitpipe.tasks.train import build
+    from vitpipe.run.build import build_from_config
 
     cfg = cfg_factory("experiment=caption_shapes", "debug=fast", "data.num_train=32", "data.num_val=4",
                       "data.num_test=4", "trainer.limit_train_batches=2")
-    dm, net, module = build(cfg)
+    dm, net, module = build_from_config(cfg)
     net.register_forward_hook(lambda m, i, out: out * float("nan") if m.training else out)
     trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
     with pytest.raises(NonFiniteLossError, match=r"loss is nan at global step 0 .*module.nonfinite=skip"):

@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf, open_dict
 from test_scale import _train_cli
 
-from vitpipe.config.build import check_config
+from vitpipe.config.preflight import check_config
 from vitpipe.errors import ConfigError
 from vitpipe.models.registry import VARIANTS
 from vitpipe.models.vit import ViT
@@ -45,7 +45,7 @@ def test_config_mistake_is_one_line_naming_the_key_before_data_loads(cfg_factory
     def no_build(*a, **k):
         raise AssertionError("the data and model were built before the mistake was reported")
 
-    monkeypatch.setattr(vitpipe.tasks.train, "build", no_build)
+    monkeypatch.setattr(vitpipe.tasks.train, "build_from_config", no_build)
     cfg = cfg_factory("debug=fast", "logger=none", override)
     with pytest.raises(SystemExit) as stop:
         run_cli(vitpipe.tasks.train.train, cfg)
@@ -150,13 +150,13 @@ def test_checks_never_import_a_target_outside_the_trusted_libraries(cfg_factory)
     timm and lightning, and import nothing else (instantiate runs after the loaders' own checks)."""
     import sys
 
-    from vitpipe.config.checks import check_values
+    from vitpipe.config.checks import check_arguments
 
     cfg = cfg_factory("debug=fast")
     with open_dict(cfg):
         cfg.callbacks.evil = {"_target_": "tabnanny.check", "file": "/nonexistent"}
     assert "tabnanny" not in sys.modules
-    check_values(cfg)  # nothing to judge about a target it does not read
+    check_arguments(cfg)  # nothing to judge about a target it does not read
     assert "tabnanny" not in sys.modules
 
 
@@ -277,9 +277,9 @@ def test_plus_key_the_target_does_not_take_names_the_close_match(cfg_factory, ca
 def _saved_module(tmp_path, *overrides: str):
     from conftest import make_cfg
 
-    from vitpipe.tasks.train import build
+    from vitpipe.run.build import build_from_config
 
-    _, _, module = build(make_cfg(tmp_path / "src", ["debug=fast", "logger=none", *overrides]))
+    _, _, module = build_from_config(make_cfg(tmp_path / "src", ["debug=fast", "logger=none", *overrides]))
     path = tmp_path / "src" / "last.ckpt"
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"state_dict": module.state_dict(), "pytorch-lightning_version": lightning.__version__}, path)
@@ -288,7 +288,7 @@ def _saved_module(tmp_path, *overrides: str):
 
 def test_check_fits_names_unexpected_keys_and_shape_mismatches(tmp_path):
     from vitpipe.models.registry import create_model
-    from vitpipe.run.checkpoint import check_fits
+    from vitpipe.run.stored import check_fits
 
     deeper = {f"net.{k}": v for k, v in create_model("vit_nano", dim=32, depth=3, num_heads=2).state_dict().items()}
     with pytest.raises(ConfigError) as err:

@@ -134,7 +134,7 @@ def test_digits_batches_have_contract_shapes_dtype_and_range():
     dm.setup("fit")
     x, y = first_batch(dm.train_dataloader())
     assert x.dtype == torch.uint8 and x.shape == (64, 1, 8, 8)
-    assert y.dtype == torch.int64 and y.shape == (64,) and 0 <= int(y.min()) and int(y.max()) < 10
+    assert y.dtype == torch.int64 and y.shape == (64,) and int(y.min()) >= 0 and int(y.max()) < 10
     assert int(x.max()) == 255  # 16 maps to 255: the full uint8 range is used
     out, y2 = dm.on_after_batch_transfer((x, y), 0)  # no trainer: the training transform
     assert out.dtype == torch.float32 and out.shape == (64, 1, 8, 8) and torch.equal(y2, y)
@@ -191,7 +191,7 @@ def test_digits_statistics_match_the_data():
     assert abs(images.mean() - DIGITS.mean[0]) < 1e-3 and abs(images.std() - DIGITS.std[0]) < 1e-3
 
 
-# ---- argument validation: early, in the constructor ----------------------------------------
+# ---- argument validation: the config check before the module is built; the data set's facts in it ----------
 
 
 @pytest.mark.parametrize(
@@ -199,21 +199,40 @@ def test_digits_statistics_match_the_data():
     [
         (dict(num_classes=7), ["num_classes=7", "10"]),
         (dict(channels=3), ["channels=3", "1"]),
-        (dict(batch_size=0), ["batch_size=0"]),
-        (dict(eval_batch_size=-1), ["eval_batch_size=-1"]),
-        (dict(val_split=1.0), ["val_split=1.0"]),
-        (dict(val_split=-3), ["val_split=-3"]),
         (dict(img_size=0), ["img_size=0"]),
         (dict(img_size=[8]), ["img_size=[8]"]),
         (dict(in_chans=2), ["in_chans=2", "1-channel"]),
-        (dict(fast_path=True, auto_augment="rand-m9-n2"), ["auto_augment", "fast_path=false"]),
         (dict(mean=[0.1, 0.2]), ["data.mean"]),
-        (dict(crop_padding=-1), ["crop_padding=-1"]),
     ],
 )
 def test_bad_arguments_raise_config_error_naming_the_value(overrides, words):
+    """What the data set is (its classes, channels, the model's input size for it): the constructor compares."""
     with pytest.raises(ConfigError) as err:
         digits(**overrides)
+    for word in words:
+        assert word in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("data.batch_size=0", ["batch_size=0"]),
+        ("data.eval_batch_size=-1", ["eval_batch_size=-1"]),
+        ("data.val_split=1.0", ["val_split=1.0"]),
+        ("data.val_split=-3", ["val_split=-3"]),
+        ("data.img_size=0", ["img_size=0"]),
+        ("data.fast_path=true +data.auto_augment=rand-m9-n2", ["auto_augment", "fast_path=false"]),
+        ("data.crop_padding=-1", ["crop_padding=-1"]),
+        ("data.sampler=balanced data.shuffle=false", ["data.sampler=balanced", "data.shuffle=false"]),
+    ],
+)
+def test_bad_arguments_are_refused_by_the_config_check_before_the_module_is_built(cfg_factory, override, words):
+    """Values and pairs of values the config alone refuses: vitpipe.config.preflight, before any data module."""
+    from vitpipe.config.preflight import check_config
+
+    with pytest.raises(ConfigError) as err:
+        check_config(cfg_factory("debug=fast", "logger=none", *override.split()))
+    assert "\n" not in str(err.value)
     for word in words:
         assert word in str(err.value)
 
@@ -402,7 +421,7 @@ def test_fast_path_loader_shards_disjointly_over_ranks():
     for rank in range(2):
         dm.trainer = SimpleNamespace(world_size=2, global_rank=rank)  # what the module's loaders read under DDP
         seen = []
-        for x, y in dm.train_dataloader():
+        for x, _y in dm.train_dataloader():
             assert x.dtype == torch.uint8 and x.shape[1:] == (3, 32, 32)
             seen += [row_to_index[hashlib.sha1(img.numpy().tobytes()).hexdigest()] for img in x]
         shards.append(seen)

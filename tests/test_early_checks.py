@@ -59,7 +59,7 @@ def test_a_bad_value_is_one_line_naming_it_and_the_valid_range_before_anything_i
     def built(*a, **k):
         raise AssertionError("the data, model or Trainer were built before the mistake was reported")
 
-    monkeypatch.setattr(vitpipe.tasks.train, "build", built)
+    monkeypatch.setattr(vitpipe.tasks.train, "build_from_config", built)
     monkeypatch.setattr(vitpipe.tasks.train, "instantiate_checked", built)
     monkeypatch.setattr(vitpipe.tasks.train.L, "seed_everything", built)  # checked before anything is seeded, too
     cfg = cfg_factory("debug=fast", "logger=none", *override.split())
@@ -75,7 +75,7 @@ def test_a_bad_value_is_one_line_naming_it_and_the_valid_range_before_anything_i
                                       "trainer.max_epochs=-1", "++trainer.limit_train_batches=0.5",
                                       "module.optimizer.weight_decay=0", "trainer.gradient_clip_val=null"])
 def test_valid_values_at_the_edges_pass(cfg_factory, override):
-    from vitpipe.config.build import check_config
+    from vitpipe.config.preflight import check_config
 
     check_config(cfg_factory("debug=fast", "logger=none", "trainer.max_steps=5", override))
 

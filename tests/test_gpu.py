@@ -158,11 +158,11 @@ def _fit_recording(tmp_path: Path, accelerator: str, extra=()) -> list:
     """Three training steps and one validation batch of a tiny vit_nano on digits (hflip, crop 1)."""
     import lightning as L
 
-    from vitpipe.tasks.train import build
+    from vitpipe.run.build import build_from_config
 
     cfg = make_cfg(tmp_path, ["debug=fast", "logger=none", "data.hflip=true", "model.img_size=16", *extra])
     L.seed_everything(0)
-    dm, _, module = build(cfg)
+    dm, _, module = build_from_config(cfg)
     rec = _Recorder(dm)
     trainer = L.Trainer(accelerator=accelerator, devices=1, max_steps=3, limit_val_batches=1, val_check_interval=3,
                         num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -226,13 +226,13 @@ def test_fast_path_on_the_device_gives_the_cpu_batches(tmp_path, figures):
 
 @needs_cuda
 def test_mfu_peak_is_known_and_bounds_a_measured_matmul(figures):
-    """vitpipe.tasks.bench's data-sheet peak for this GPU exists (MFU is None otherwise) and a large bf16
+    """vitpipe.benchmark.common's data-sheet peak for this GPU exists (MFU is None otherwise) and a large bf16
     matmul reaches between 30% and 100% of it: a wrong table entry shows up here."""
-    from vitpipe.tasks.bench import peak_tflops, utilisation
+    from vitpipe.benchmark.common import peak_tflops, utilisation
 
     name = torch.cuda.get_device_name()
     peak = peak_tflops(name, "bf16-mixed")
-    assert peak is not None, f"{name} is not in vitpipe.tasks.bench.PEAK_TFLOPS: benchmark MFU would be None"
+    assert peak is not None, f"{name} is not in vitpipe.benchmark.common.PEAK_TFLOPS: benchmark MFU would be None"
     n = 8192
     a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     for _ in range(3):

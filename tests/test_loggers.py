@@ -134,7 +134,7 @@ def test_a_failure_before_fit_finishes_the_loggers_as_failed(cfg_factory, monkey
         raise ConfigError("data.root=/nowhere: no such folder")
 
     statuses = []
-    monkeypatch.setattr(vitpipe.tasks.train, "build", build)
+    monkeypatch.setattr(vitpipe.tasks.train, "build_from_config", build)
     monkeypatch.setattr(CSVLogger, "finalize", lambda self, status: statuses.append(status))
     with pytest.raises(ConfigError, match="no such folder"):
         vitpipe.tasks.train.train(cfg_factory("debug=fast", "logger=csv", "test=false"))

@@ -12,7 +12,7 @@ from PIL import Image
 from sklearn.metrics import average_precision_score, f1_score, precision_score, recall_score
 from timm.loss import BinaryCrossEntropy
 
-from vitpipe.config.build import check_config
+from vitpipe.config.preflight import check_config
 from vitpipe.data import ImageFolderDataModule
 from vitpipe.data.multilabel import LabelsFile, balanced_pos_weight
 from vitpipe.errors import ConfigError

@@ -90,8 +90,14 @@ def test_config_values_are_checked_in_one_line():
         assert "\n" not in str(e.value)
     assert NaFlexConfig.from_cfg({**NAFLEX, "enabled": False}, 32) is None
     assert NaFlexConfig.from_cfg(NAFLEX, 32).tokens_per_batch == 32 * 16
+    from omegaconf import OmegaConf
+
+    from vitpipe.config.preflight import check_data_arguments  # the config check, before the module is built
+
     with pytest.raises(ConfigError, match="random_erasing=0.25"):
-        DigitsDataModule(img_size=8, in_chans=1, num_classes=10, channels=1, random_erasing=0.25, naflex=NAFLEX)
+        check_data_arguments(OmegaConf.create({"_target_": "vitpipe.data.digits.DigitsDataModule", "img_size": 8,
+                                               "in_chans": 1, "num_classes": 10, "channels": 1, "random_erasing": 0.25,
+                                               "naflex": NAFLEX}))
     assert loss_scale(48, 12, "linear") == 4 and loss_scale(48, 12, "sqrt") == 2 and loss_scale(48, 12, "none") == 1
 
 
@@ -205,7 +211,7 @@ def test_an_image_folder_of_any_sizes_trains_on_the_standard_path(cfg_factory, t
 
 def test_mixup_with_naflex_is_refused_in_one_line(cfg_factory):
     cfg = cfg_factory(*TINY_NAFLEX, "module.mixup={mixup_alpha:0.8}", sub="run_mix")
-    from vitpipe.config.build import check_config
+    from vitpipe.config.preflight import check_config
 
     with pytest.raises(ConfigError, match="module.mixup needs whole images"):
         check_config(cfg)  # from the config alone: before any data is read

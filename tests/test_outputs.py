@@ -67,7 +67,7 @@ def no_loading(monkeypatch):
     def fail(*a, **k):
         raise AssertionError("the checkpoint was read before the output was checked")
 
-    import vitpipe.run.checkpoint as ck
+    import vitpipe.run.stored as ck
 
     monkeypatch.setattr(ck, "load_checkpoint", fail)
 

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from vitpipe.data import CIFAR10DataModule
 from vitpipe.errors import ConfigError
 from vitpipe.models.registry import TIMM_NAMES
-from vitpipe.tasks.train import build
+from vitpipe.run.build import build_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TI_NAME = TIMM_NAMES["vit_ti16"]  # vit_tiny_patch16_224.augreg_in21k_ft_in1k
@@ -163,7 +163,7 @@ def test_weights_of_other_shapes_name_the_first_mismatches_in_a_short_line(tmp_p
 
 
 def test_headline_command_composes_to_the_recipe(cfg_factory, capsys):
-    from vitpipe.config.build import check_config
+    from vitpipe.config.preflight import check_config
     from vitpipe.config.recipe import announce_recipe, applied_recipe
 
     cfg = cfg_factory("model=vit_b16", "data=cifar10")
@@ -245,7 +245,7 @@ def test_recipe_fast_dev_run_with_vit_b16_weights(fake_cifar, tmp_path):
 def test_headline_without_data_fails_in_one_line(cfg_factory, monkeypatch):
     # no files and no download: the check before anything is built
     with pytest.raises(ConfigError) as err:
-        build(cfg_factory("model=vit_b16", "data=cifar10", "data.download=false", "model.pretrained=null"))
+        build_from_config(cfg_factory("model=vit_b16", "data=cifar10", "data.download=false", "model.pretrained=null"))
     assert "\n" not in str(err.value) and "cifar-10-batches-py lacks data_batch_1" in str(err.value)
     assert "data.download=true" in str(err.value)
 

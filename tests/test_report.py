@@ -252,7 +252,7 @@ def test_eval_option_mistakes_are_one_line_errors(run, tmp_path):
 
 def test_tta_hflip_averages_the_softmax_of_the_image_and_its_mirror_and_temperature_divides():
     from vitpipe import create_model
-    from vitpipe.report.evaluation import at_test_time
+    from vitpipe.inference.tta import at_test_time
 
     net = create_model("vit_micro", num_classes=5, depth=1, img_size=16, patch_size=4).eval()
     x = torch.randn(3, 3, 16, 16)
@@ -375,7 +375,7 @@ def test_balanced_sampler_shards_over_ranks_resumes_exactly_and_balances_classes
 def test_balanced_class_weights_and_option_mistakes(cfg_factory):
     from vitpipe.data.balance import balanced_class_weights
     from vitpipe.errors import ConfigError
-    from vitpipe.tasks.train import build
+    from vitpipe.run.build import build_from_config
 
     counts = torch.tensor([200, 20, 0])
     w = balanced_class_weights(counts)
@@ -386,7 +386,7 @@ def test_balanced_class_weights_and_option_mistakes(cfg_factory):
                        ("module.class_weights=[1,2,3]", r"module.class_weights=\[1, 2, 3\]: use balanced, null or 10")):
         extra = ["data.sampler=balanced"] if bad == "data.shuffle=false" else []
         with pytest.raises(ConfigError, match=match):
-            build(cfg_factory("debug=fast", bad, *extra))
+            build_from_config(cfg_factory("debug=fast", bad, *extra))
 
 
 def test_figures_go_to_wandb_as_images(run, monkeypatch):

@@ -18,7 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from vitpipe import create_model
-from vitpipe.models.timm_compat import load_pretrained
+from vitpipe.models.weights import load_pretrained
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["debug=fast", "trainer.limit_val_batches=1", "test=false", "callbacks.model_checkpoint.monitor=null",
@@ -203,7 +203,8 @@ def test_compiled_module_checkpoint_has_plain_keys_and_loads(tmp_path):
 
 
 def test_bf16_mixed_gives_the_same_classes_as_fp32_on_cpu(cfg_factory):
-    from vitpipe.tasks.train import build, train
+    from vitpipe.run.build import build_from_config
+    from vitpipe.tasks.train import train
 
     preds = {}
     for precision in ("32-true", "bf16-mixed"):
@@ -212,7 +213,7 @@ def test_bf16_mixed_gives_the_same_classes_as_fp32_on_cpu(cfg_factory):
                           sub=precision)
         train(cfg)
         ckpt = torch.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)
-        dm, net, _ = build(cfg)
+        dm, net, _ = build_from_config(cfg)
         net.load_state_dict({k[4:]: v for k, v in _net(ckpt).items()})
         dm.setup("test")
         x, y = next(iter(dm.test_dataloader()))
@@ -241,10 +242,10 @@ def test_nonfinite_loss_stops_naming_the_step_or_is_skipped(cfg_factory, policy)
     from hydra.utils import instantiate
 
     from vitpipe.lit.classifier import NonFiniteLossError
-    from vitpipe.tasks.train import build
+    from vitpipe.run.build import build_from_config
 
     cfg = cfg_factory(*TINY[:1], "trainer.max_epochs=1", "trainer.limit_train_batches=4", f"module.nonfinite={policy}")
-    dm, net, module = build(cfg)
+    dm, net, module = build_from_config(cfg)
     _nan_after(net, 3)  # the third training forward returns NaN
     trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
     if policy == "error":

@@ -17,13 +17,13 @@ import pytest
 import torch
 from PIL import Image
 
-from vitpipe.config.build import check_config
+from vitpipe.config.preflight import check_config
 from vitpipe.data import ImageFolderDataModule
 from vitpipe.data.multilabel import balanced_pos_weight, multilabel_targets
 from vitpipe.data.shards import LABELS_FILE, ShardsDataModule, ShardSplit
 from vitpipe.errors import ConfigError
+from vitpipe.run.build import build_from_config
 from vitpipe.tasks.make_shards import INDEX_FILE, make_shards
-from vitpipe.tasks.train import build
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -191,9 +191,9 @@ class Targets(L.Callback):
 def test_a_multilabel_run_on_shards_trains_and_scores_what_the_image_folder_scores(ml_shards, cfg_factory):
     root, shards, _ = ml_shards
     folder = cfg_factory(*_overrides(["data=imagefolder", f"data.root={root}", "data.labels=labels.csv"]), sub="f")
-    dm_f, _, module_f = build(folder)
+    dm_f, _, module_f = build_from_config(folder)
     cfg = cfg_factory(*_overrides(["data=shards", f"data.root={shards}"]), sub="s")
-    dm_s, _, module_s = build(cfg)
+    dm_s, _, module_s = build_from_config(cfg)
     module_s.load_state_dict(module_f.state_dict())
     trainer = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
     scores = [L.Trainer(**trainer).validate(m, dm, verbose=False)[0] for m, dm in ((module_f, dm_f),

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 from user_shell import SHORT_TRAIN, fresh_checkout, run, run_dir_of, user_env
 
-from vitpipe.config.build import check_config
+from vitpipe.config.preflight import check_config
 from vitpipe.data import ImageFolderDataModule
 from vitpipe.data.shards import ShardsDataModule, ShardSplit
 from vitpipe.data.synthetic import SyntheticDataModule

@@ -13,7 +13,8 @@ from hydra.utils import instantiate
 from omegaconf import open_dict
 
 from vitpipe.errors import ConfigError
-from vitpipe.tasks.train import build, train
+from vitpipe.run.build import build_from_config
+from vitpipe.tasks.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUP = lambda g: sorted(p.stem for p in (ROOT / "conf" / g).glob("*.yaml"))  # noqa: E731
@@ -49,7 +50,7 @@ def test_every_other_group_option_instantiates(cfg_factory, group):
             node = cfg.trainer
             assert isinstance(instantiate(node, logger=False), __import__("lightning").Trainer)
         elif group == "module":
-            _, net, module = build(cfg)
+            _, net, module = build_from_config(cfg)
             assert module.net is net
         else:
             for key, node in (cfg.get(group) or {}).items():
@@ -106,7 +107,7 @@ def test_resume_continues_at_the_saved_step(cfg_factory):
     assert ckpt2["global_step"] == 6 and ckpt2["epoch"] == ckpt["epoch"] + 1
     import csv
 
-    rows = list(csv.DictReader(open(Path(resumed.paths.output_dir) / "csv" / "metrics.csv")))
+    rows = list(csv.DictReader((Path(resumed.paths.output_dir) / "csv" / "metrics.csv").read_text().splitlines()))
     steps = [int(r["step"]) for r in rows if r.get("train/loss_step")]
     assert steps and min(steps) >= 3  # it continued at step 3; a fresh start would log steps 0-2 again
     adam_steps = {float(s["step"]) for s in ckpt2["optimizer_states"][0]["state"].values()}
@@ -124,19 +125,20 @@ def test_resume_continues_at_the_saved_step(cfg_factory):
 
 def test_num_classes_mismatch(cfg_factory):
     with pytest.raises(ConfigError, match=r"model.num_classes=7 does not match data.num_classes=10"):
-        build(cfg_factory("model.num_classes=7"))
+        build_from_config(cfg_factory("model.num_classes=7"))
 
 
 def test_unresolvable_model_data_size(cfg_factory):
     with pytest.raises(ConfigError, match=r"30x30.*patch size 4x4"):
-        build(cfg_factory("model=vit_micro", "model.img_size=30"))
+        build_from_config(cfg_factory("model=vit_micro", "model.img_size=30"))
     with pytest.raises(ConfigError, match=r"in_chans=2"):
-        build(cfg_factory("model.in_chans=2"))
+        build_from_config(cfg_factory("model.in_chans=2"))
 
 
 def test_missing_dataset_offline_says_how_to_get_it(cfg_factory):
     with pytest.raises(ConfigError, match=r"download"):
-        build(cfg_factory("data=cifar10", "data.download=false"))  # download=true (the default) finds out in prepare_data
+        # download=true (the default) finds out in prepare_data
+        build_from_config(cfg_factory("data=cifar10", "data.download=false"))
 
 
 def test_bad_checkpoints(cfg_factory, tmp_path):
@@ -186,7 +188,7 @@ def test_cli_config_mistakes_print_one_line_without_traceback(tmp_path):
 def test_vit_b16_on_synthetic_runs_at_224(cfg_factory):
     cfg = cfg_factory("model=vit_b16", "data=synthetic", "trainer.fast_dev_run=true", "trainer.accelerator=cpu",
                       "data.batch_size=2", "data.eval_batch_size=2", "data.length=8", "data.test_length=4")
-    dm, net, module = build(cfg)
+    dm, net, module = build_from_config(cfg)
     seen = []
     net.register_forward_pre_hook(lambda m, a: seen.append(tuple(a[0].shape)))
     instantiate(cfg.trainer, logger=False, enable_checkpointing=False).fit(module, dm)
@@ -244,7 +246,7 @@ def test_training_step_sees_mixed_images_and_soft_targets(cfg_factory, mixup):
                       "trainer.limit_train_batches=3", "test=false", "module.label_smoothing=0.1",
                       f"+module.mixup={mixup}")
     L.seed_everything(cfg.seed)
-    dm, net, module = build(cfg)
+    dm, net, module = build_from_config(cfg)
     seen = SeenByTrainingStep(net)
     instantiate(cfg.trainer, logger=False, enable_checkpointing=False, callbacks=[seen]).fit(module, dm)
     assert len(seen.batches) == len(seen.inputs) == len(seen.grads) == len(seen.losses) == 3

@@ -1,4 +1,6 @@
-"""Config helpers: resolvers, early validation, instantiation with one-line errors."""
+"""Config helpers: resolvers, instantiation with one-line errors, the lr scaling rule, the inference device.
+
+The checks of a config before anything is built are ``vitpipe.tasks.preflight``'s (one entry, run once)."""
 
 from __future__ import annotations
 
@@ -31,129 +33,6 @@ def auto_precision() -> str:
 
 if not OmegaConf.has_resolver("auto_precision"):
     OmegaConf.register_new_resolver("auto_precision", auto_precision)
-
-
-def check_config(cfg: DictConfig) -> None:
-    """Checks that need no data (a mistake here would otherwise surface mid-run): every value
-    against what it builds (``vitpipe.config.checks``), then the cross-group ones. A null data.num_classes
-    is first filled in from the data's files where they say it (``vitpipe.data.num_classes``)."""
-    from vitpipe.config.checks import check_values
-    from vitpipe.data.num_classes import resolve_num_classes
-
-    resolve_num_classes(cfg.get("data"))
-    check_values(cfg)
-    check_labels_used(cfg)
-    check_naflex_module(cfg)
-    check_multilabel(cfg)
-    try:
-        model_n, data_n = cfg.model.get("num_classes"), cfg.data.get("num_classes")
-    except MissingMandatoryValue as e:
-        raise ConfigError(f"{e.full_key} must be set on the command line, e.g. {e.full_key}=10") from None
-    if model_n is not None and data_n is not None and model_n != data_n:
-        raise ConfigError(
-            f"model.num_classes={model_n} does not match data.num_classes={data_n}; "
-            f"drop the model.num_classes override (it follows the data) or fix data.num_classes"
-        )
-
-
-def check_labels_used(cfg: DictConfig) -> None:
-    """``data.labels=none`` (images without labels: one class) trains only a module that needs no labels
-    (module=mae); a classifier on it would fit a constant and report 100% accuracy."""
-    data, module = cfg.get("data"), cfg.get("module")
-    if not isinstance(data, DictConfig) or data.get("labels") != "none" or not isinstance(module, DictConfig):
-        return
-    target = str(module.get("_target_", ""))
-    if not target.endswith("MAEModule"):
-        raise ConfigError(f"data.labels=none reads the images without labels (one class), which module "
-                          f"{target.rsplit('.', 1)[-1] or '?'} cannot learn from; pre-train on them with module=mae, "
-                          f"or put the images in class folders and use data.labels=folders")
-
-
-def check_naflex_module(cfg: DictConfig) -> None:
-    """``data.naflex.enabled=true`` feeds patch dicts: mixup and a distillation teacher need whole images.
-    Refused here, before data loads (the module repeats the check for code that builds it by hand)."""
-    data, module = cfg.get("data"), cfg.get("module")
-    naflex = data.get("naflex") if isinstance(data, DictConfig) else None
-    if not isinstance(naflex, DictConfig) or not naflex.get("enabled") or not isinstance(module, DictConfig):
-        return
-    distill = module.get("distill")
-    for key, on in (("module.mixup", bool(module.get("mixup"))),
-                    ("module.distill.teacher", isinstance(distill, DictConfig) and distill.get("teacher") is not None)):
-        if on:
-            raise ConfigError(f"data.naflex.enabled=true feeds patch dicts: {key} needs whole images; "
-                              f"set {key}=null or data.naflex.enabled=false")
-
-
-def check_multilabel(cfg: DictConfig) -> None:
-    """``module.task=multilabel`` trains on label sets, which an image folder with a labels file gives
-    (``data.labels=<file>.csv``) and shards written from one (their index says so), and neither with a
-    distillation teacher (its softmax targets), the class-balanced sampler (one class per image) nor NaFlex;
-    a labels file or multi-label shards need ``module.task=multilabel``."""
-    data, module = cfg.get("data"), cfg.get("module")
-    if not isinstance(data, DictConfig) or not isinstance(module, DictConfig):
-        return
-    labels = data.get("labels") if "labels" in data else None
-    labels_file = isinstance(labels, str) and labels.lower().endswith(".csv")
-    classifier = str(module.get("_target_", "")).endswith("ImageClassifier")
-    multilabel = module.get("task", "multiclass") == "multilabel"
-    if labels_file and classifier and not multilabel:
-        raise ConfigError(f"data.labels={labels} gives each image a set of labels; set module.task=multilabel")
-    shards = str(data.get("_target_", "")).endswith("ShardsDataModule")
-    label_sets = labels_file or (shards and classifier and _check_shards_task(data, multilabel))
-    if not multilabel:
-        return
-    if not label_sets:
-        name = str(data.get("_target_", "?")).rsplit(".", 1)[-1]
-        raise ConfigError(f"module.task=multilabel needs label sets: data=imagefolder data.labels=<labels file>.csv "
-                          f"(vitpipe/data/multilabel.py); {name} with data.labels={labels} gives one class per image")
-    distill, naflex = module.get("distill"), data.get("naflex")
-    for key, on in (("module.distill.teacher", isinstance(distill, DictConfig) and distill.get("teacher") is not None),
-                    ("data.sampler", data.get("sampler", "default") != "default"),
-                    ("data.naflex.enabled", isinstance(naflex, DictConfig) and bool(naflex.get("enabled")))):
-        if on:
-            default = {"module.distill.teacher": "null", "data.sampler": "default"}.get(key, "false")
-            raise ConfigError(f"module.task=multilabel cannot take {key}={OmegaConf.select(cfg, key)} "
-                              f"(it needs one class per image); set {key}={default}")
-
-
-def _check_shards_task(data: DictConfig, multilabel: bool) -> bool:
-    """Whether ``data=shards`` holds label sets (its index, one small file), refusing a task that does not
-    match them. A root that cannot be read is left to the data module's own error, except under
-    ``module.task=multilabel``, where it says what the task needs."""
-    from vitpipe.data.shards import _plain, is_multilabel_index, read_index
-
-    need = ("module.task=multilabel needs label sets: data=imagefolder data.labels=<labels file>.csv, or data=shards "
-            "written from one by scripts/make_shards.py")
-    if OmegaConf.is_missing(data, "root") or data.get("root") is None:
-        if multilabel:
-            raise ConfigError(f"{need}; set data.root to such shards")
-        return False
-    root, cache_dir = str(data.root), data.get("cache_dir")
-    try:
-        index = read_index(root, None if cache_dir is None else str(cache_dir), _plain(data.get("storage_options")))
-    except ConfigError as err:
-        if multilabel:
-            raise ConfigError(f"{need}; {err}") from None
-        return False
-    found = is_multilabel_index(index)
-    if multilabel and not found:
-        raise ConfigError(f"{need}; data.root={root} holds single-label shards (one class per image): set "
-                          "module.task=multiclass, or write multi-label shards with scripts/make_shards.py "
-                          "data=imagefolder data.labels=<labels file>.csv out=DIR")
-    if found and not multilabel:
-        raise ConfigError(f"data.root={root} holds multi-label shards (a set of labels per image); "
-                          "set module.task=multilabel")
-    return found
-
-
-def check_device(cfg: DictConfig) -> None:
-    """A GPU trainer on a machine without one: one line before anything is built (Lightning's own
-    message, "No supported gpu backend found!", names neither the setting nor the way out). Not part
-    of ``check_config``: a config for GPU nodes may be composed and checked on a CPU-only login node."""
-    accelerator = str((cfg.get("trainer") or {}).get("accelerator", ""))
-    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"trainer.accelerator={accelerator} needs a CUDA GPU and torch sees none here; "
-                          f"use trainer=cpu (or trainer=default, which picks the device)")
 
 
 def instantiate_checked(node: DictConfig, key: str, **kwargs):

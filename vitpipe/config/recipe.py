@@ -14,6 +14,8 @@ from pathlib import Path
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from vitpipe.config.shipped import CONF_DIR, CONFIG_MODULE
+
 
 def applied_recipe() -> tuple[str, Path] | None:
     """(choice, file) of the recipe this run merged, e.g. ("vit_b16_cifar10", conf/recipe/vit_b16_cifar10.yaml);
@@ -28,8 +30,13 @@ def applied_recipe() -> tuple[str, Path] | None:
     if not choice:
         return None
     for source in runtime.config_sources:
-        path = Path(source.path) / "recipe" / f"{choice}.yaml"
-        if source.schema == "file" and path.is_file():
+        if source.schema == "file":
+            path = Path(source.path) / "recipe" / f"{choice}.yaml"
+        elif source.schema == "pkg" and source.path == CONFIG_MODULE:  # the shipped configs (any install)
+            path = CONF_DIR / "recipe" / f"{choice}.yaml"
+        else:
+            continue
+        if path.is_file():
             return choice, path
     return None
 

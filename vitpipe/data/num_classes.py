@@ -15,7 +15,6 @@ from omegaconf.errors import OmegaConfBaseException
 
 from vitpipe.errors import ConfigError
 
-
 # What a data config may leave null for its files to say. A data class reads them with ``facts_of(data)``
 # (several from one read: a shard index holds the class and channel counts, so model.in_chans =
 # ${data.channels} follows grayscale shards, and mean/std and the native size) or, for the class count

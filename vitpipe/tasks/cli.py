@@ -1,6 +1,6 @@
 """Shared entry wrappers: mistakes and stops print one line, no traceback wall.
 
-``hydra_main`` is the ``@hydra.main`` of scripts/*.py: it checks the command line before Hydra
+``hydra_main`` is the ``@hydra.main`` of every Hydra command (vitpipe/commands.py): it checks the command line before Hydra
 composes it (Hydra reports an unknown key in its own words, with exit status 1, before any vitpipe
 code runs); ``run_cli`` runs the script's body. Exit statuses: 0 done; 2 a configuration mistake;
 3 a NaN/inf loss stopped training; 74 a full disk (EX_IOERR; earlier checkpoints are intact);
@@ -11,7 +11,6 @@ written a resumable ``last.ckpt`` first.
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import re
 import signal
@@ -24,9 +23,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from vitpipe.config.checks import check_wandb_login, did_you_mean
+from vitpipe.config.shipped import CONF_DIR, CONFIG_PATH
 from vitpipe.errors import ConfigError
-from vitpipe.lit.checkpointing import SecondInterrupt
 from vitpipe.lit.classifier import NonFiniteLossError
+from vitpipe.lit.preemption.signals import SecondInterrupt
 from vitpipe.run.files import DiskFullError, disk_full_cause, remove_stale_temps_below
 from vitpipe.run.outputs import check_not_input, check_writable, name_too_long, named_checkpoint_inputs
 from vitpipe.run.paths import run_dir_of
@@ -34,19 +34,19 @@ from vitpipe.run.paths import run_dir_of
 EXIT_CONFIG, EXIT_NONFINITE, EXIT_DISK_FULL = 2, 3, 74
 
 
-def hydra_main(config_path: str, config_name: str):
-    """``@hydra.main(version_base="1.3", config_path=..., config_name=...)`` whose command line is
+def hydra_main(config_name: str):
+    """``@hydra.main(version_base="1.3", config_path="pkg://vitpipe.conf", config_name=...)`` (the shipped
+    configs, found the same from a checkout or a wheel: ``vitpipe.config.shipped``) whose command line is
     checked first (``command_line_mistake``): a mistake there is one line and exit status 2, and
     Hydra has not made a run or sweep directory yet."""
 
     def decorate(task):
-        run = hydra.main(version_base="1.3", config_path=config_path, config_name=config_name)(task)
+        run = hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=config_name)(task)
 
         @functools.wraps(task)
         def main(cfg: DictConfig | None = None):
             if cfg is None:  # from the command line (Hydra passes a config through unchecked)
-                conf = Path(inspect.getfile(task)).resolve().parent / config_path  # as Hydra finds it
-                mistake = command_line_mistake(conf, config_name, sys.argv[1:])
+                mistake = command_line_mistake(CONF_DIR, config_name, sys.argv[1:])
                 if mistake:
                     say_once(f"vitpipe: error: {mistake}")
                     sys.exit(EXIT_CONFIG)
@@ -112,7 +112,7 @@ def _search_space_mistake(cfg: DictConfig) -> str | None:
     params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None)
     if not isinstance(params, DictConfig):
         return None
-    for name in params.keys():
+    for name in params:
         key = str(name).split("@")[0]
         if key.startswith(("+", "~")) or _has_key(cfg, key):
             continue
@@ -179,7 +179,7 @@ def _has_key(cfg: DictConfig, key: str) -> bool:
     """``a.b.c`` is a key of ``cfg`` (a config group's name counts), nothing resolved."""
     node = cfg
     for part in key.split("."):
-        if not isinstance(node, DictConfig) or part not in node.keys():
+        if not isinstance(node, DictConfig) or part not in node.keys():  # noqa: SIM118 - `in` skips ??? keys
             return False
         leaf = OmegaConf.is_interpolation(node, part) or OmegaConf.is_missing(node, part)
         node = None if leaf else node[part]
@@ -223,9 +223,9 @@ def _unknown_key_message(key: str, cfg: DictConfig) -> str:
         parent = ".".join(parts[:i])
         if not isinstance(node, DictConfig):
             return f"{key}: {parent} is a value, not a group of keys"
-        keys = [str(k) for k in node.keys() if not re.fullmatch(r"_\w+_", str(k))  # not _target_ and the like
+        keys = [str(k) for k in node if not re.fullmatch(r"_\w+_", str(k))  # not _target_ and the like
                 and (i or k != "hydra" or parts[0] == "hydra")]
-        if part not in node.keys():
+        if part not in node.keys():  # noqa: SIM118 - a DictConfig's `in` says False for a ??? key
             return (f"{'.'.join(parts[:i + 1])} is not a key of {parent or 'the config'}"
                     + did_you_mean(part, keys, f"{parent}." if parent else ""))
         leaf = OmegaConf.is_interpolation(node, part) or OmegaConf.is_missing(node, part)

@@ -19,7 +19,7 @@ import lightning as L
 from omegaconf import DictConfig
 
 from vitpipe.config.build import instantiate_checked
-from vitpipe.config.checks import check_seed
+from vitpipe.config.preflight import preflight
 from vitpipe.errors import ConfigError
 from vitpipe.models.vit import ViT
 from vitpipe.report.evaluation import (
@@ -30,16 +30,17 @@ from vitpipe.report.evaluation import (
     report_callbacks,
     unseen_flip_warning,
 )
-from vitpipe.run.checkpoint import load_checkpoint, rebuild
+from vitpipe.run.checkpoint import rebuild
 from vitpipe.run.info import print_summary, write_run_files
 from vitpipe.run.outputs import check_not_input, checkpoint_inputs
 from vitpipe.run.paths import resolve_ckpt_path
+from vitpipe.run.stored import config_of, load_checkpoint
 
 log = logging.getLogger(__name__)
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
-    check_seed(cfg)  # seed=-5: one line, not numpy's traceback from seed_everything
+    preflight(cfg, "eval")  # seed=-5: one line, not numpy's traceback from seed_everything
     L.seed_everything(cfg.seed, workers=True)
     opts = eval_options(cfg)  # split / calibrate / tta checked before anything loads
     patch_size = model_patch_size(cfg)
@@ -47,11 +48,11 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     # the eval's run dir (metrics.json, report/) is not the run it reads (ckpt_path=last resolved; vitpipe.run.outputs)
     check_not_input(cfg.paths.output_dir, checkpoint_inputs(path, cfg.ckpt_path), key="hydra.run.dir", folder=True)
     checkpoint = load_checkpoint(path)
-    refusal = multilabel_refusal(checkpoint.get("vitpipe_config"), opts)  # before any data loads
+    refusal = multilabel_refusal(config_of(checkpoint), opts)  # before any data loads
     if refusal:
         raise ConfigError(refusal)
-    for warning in (unseen_flip_warning(checkpoint.get("vitpipe_config"), opts.tta),
-                    carve_warning(checkpoint.get("vitpipe_config"), cfg.get("data"))):
+    for warning in (unseen_flip_warning(config_of(checkpoint), opts.tta),
+                    carve_warning(config_of(checkpoint), cfg.get("data"))):
         if warning:
             print(f"vitpipe: warning: {warning}", file=sys.stderr, flush=True)
     run = rebuild(checkpoint, path, data=cfg.get("data"), paths=cfg.paths, task_name=cfg.task_name, need_data=True)

@@ -13,73 +13,29 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 from vitpipe.config.build import (
     apply_lr_scaling,
-    check_config,
-    check_device,
     instantiate_callbacks,
     instantiate_checked,
     instantiate_loggers,
     set_sweep_group,
 )
+from vitpipe.config.preflight import preflight
 from vitpipe.config.recipe import announce_recipe
 from vitpipe.errors import ConfigError
-from vitpipe.run.checkpoint import check_fits, load_checkpoint, resumable_by
+from vitpipe.run.build import build_data, build_from_config
 from vitpipe.run.dirs import live
 from vitpipe.run.info import (
-    ConfigInCheckpoint,
     collect_metrics,
     finish_loggers,
     output_dir,
     print_summary,
     write_run_files,
 )
-from vitpipe.run.paths import resolve_ckpt_path
-
-
-def build_data(cfg: DictConfig):
-    """The data module of ``cfg``, its files checked (present, or download on; an image folder's links)."""
-    dm = instantiate_checked(cfg.data, "data")
-    if hasattr(dm, "check"):
-        dm.check()  # the files exist (or download is on) before any model is built
-    return dm
-
-
-def build(cfg: DictConfig, *, checkpoint: dict | None = None, dm=None):
-    """Instantiate (datamodule, net, module) from a composed config, validating on the way.
-
-    With a ``checkpoint`` that carries a tokenizer (captioners), the data module decodes with the
-    vocabulary the model was trained with rather than one rebuilt from the data. ``dm``: the data module
-    ``build_data(cfg)`` gave, when the caller checked the data first.
-    """
-    check_config(cfg)
-    if dm is None:
-        dm = build_data(cfg)
-    if checkpoint is not None and "tokenizer" in checkpoint and hasattr(dm, "tokenizer"):
-        from vitpipe.text.tokenizer import WordTokenizer
-
-        dm.tokenizer = WordTokenizer.from_state_dict(checkpoint["tokenizer"])
-    model_kwargs = dm.model_kwargs() if hasattr(dm, "model_kwargs") else {}
-    pretrained_run(cfg)
-    net = instantiate_checked(cfg.model, "model", **model_kwargs)
-    module_kwargs = dm.module_kwargs() if hasattr(dm, "module_kwargs") else {}
-    module = instantiate_checked(cfg.module, "module", net=net, **module_kwargs)
-    return dm, net, module
-
-
-def pretrained_run(cfg: DictConfig) -> None:
-    """``model.pretrained=<run directory>`` (an MAE pre-training run, a source classifier): that run's best
-    checkpoint, the weights its own test used (``resolve_ckpt_path``), written into the config so the
-    run's config.yaml and checkpoints name the file. Files, timm names and ``true`` pass unchanged."""
-    value = cfg.model.get("pretrained") if isinstance(cfg.get("model"), DictConfig) else None
-    if not isinstance(value, str) or not Path(value).expanduser().is_dir():
-        return
-    path = resolve_ckpt_path(value, which="best")
-    with open_dict(cfg):
-        cfg.model.pretrained = str(path)
-    _say(f"vitpipe: model.pretrained={value} is a run directory: loading its best checkpoint {path}")
+from vitpipe.run.paths import resolve_ckpt_path, resumable_by
+from vitpipe.run.stored import STATE_DICT, ConfigInCheckpoint, check_fits, load_checkpoint
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -92,10 +48,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 
 def _train(cfg: DictConfig) -> dict[str, float]:
-    check_config(cfg)  # first: a bad value (seed=-5 included) is one line before anything runs
+    preflight(cfg, "train")  # first, once: a bad value (seed=-5 included) is one line before anything runs
     dm = build_data(cfg)  # then the data's files (an image folder's links, a shard index): one line, no banner first
     L.seed_everything(cfg.seed, workers=True)
-    check_device(cfg)
     announce_recipe(cfg)  # which conf/recipe/<model>_<data>.yaml this run merged, and what it set
     set_sweep_group(cfg)
     loggers = instantiate_loggers(cfg.get("logger"))
@@ -108,7 +63,7 @@ def _train(cfg: DictConfig) -> dict[str, float]:
         trainer: L.Trainer = instantiate_checked(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False,
                                                  **slurm_plugins(cfg))
         apply_lr_scaling(cfg, trainer)  # needs the world size, which only the Trainer knows
-        dm, net, module = build(cfg, dm=dm)
+        dm, net, module = build_from_config(cfg, dm=dm)  # cfg checked above (preflight, first line)
         ckpt_path = resume_path(cfg, net)
         write_run_files(cfg, {})
         fit_s = None
@@ -153,7 +108,7 @@ def resume_path(cfg: DictConfig, net) -> str | None:
         path = resolve_ckpt_path(value, log_dir=Path(cfg.paths.log_dir) / cfg.task_name, which="last",
                                  usable=resumable_by(net, cfg))  # last: the newest run of this task and model
     checkpoint = load_checkpoint(path)
-    check_fits(checkpoint["state_dict"], net, path)  # PreemptionCheckpoint prints the step when fit loads it
+    check_fits(checkpoint[STATE_DICT], net, path)  # PreemptionCheckpoint prints the step when fit loads it
     return str(path)
 
 
