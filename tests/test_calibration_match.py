@@ -24,15 +24,16 @@ from sklearn.datasets import load_digits
 
 from vitpipe.data.images import open_image
 from vitpipe.data.preprocess import Preprocess
-from vitpipe.run.checkpoint import load_checkpoint, rebuild
+from vitpipe.run.checkpoint import rebuild
+from vitpipe.run.stored import load_checkpoint
 
 
 def test_eval_and_predict_compose_tta_then_temperature_identically():
     """softmax(log(mean of the two views' softmax) / T): the temperature eval fits on TTA-averaged
     validation logits is applied to TTA-averaged logits in predict too."""
     from vitpipe import create_model
-    from vitpipe.report.evaluation import at_test_time
-    from vitpipe.tasks.predict import class_probs
+    from vitpipe.inference.probs import class_probs
+    from vitpipe.inference.tta import at_test_time
 
     torch.manual_seed(0)
     net = create_model("vit_micro", num_classes=5, depth=1, img_size=16, patch_size=4).eval()

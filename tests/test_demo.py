@@ -18,11 +18,11 @@ import pytest
 import tiny_checkpoints as tc
 import torch
 from conftest import make_cfg
+from drivers import demo_screenshot as browser_page
 from PIL import Image
 
 from vitpipe.errors import ConfigError
 from vitpipe.tasks import demo as demo_task
-from vitpipe.tasks import demo_screenshot as browser_page
 from vitpipe.tasks.predict import predict
 
 # a model on a non-square input (8 x 12 from the 8 x 8 digits): the overlay must keep the 2:3 aspect
@@ -90,7 +90,7 @@ def test_page_applies_the_calibration_temperature_predict_py_applies(ckpts, imag
     import shutil
 
     from vitpipe.report.calibration import checkpoint_identity, write_calibration
-    from vitpipe.run.checkpoint import load_checkpoint
+    from vitpipe.run.stored import load_checkpoint
 
     ckpt = tmp_path / "run" / "checkpoints" / "epoch_000.ckpt"
     ckpt.parent.mkdir(parents=True)
@@ -290,7 +290,9 @@ def test_browser_radio_switches_the_overlay_to_gradient_rollout_and_back(served,
     cfg = demo_cfg(tmp_path, ckpt)  # the server's options: the config's defaults
     model = demo_task.load_model(cfg)
     style = {k: cfg[k] for k in ("topk", "head_fusion", "discard_ratio", "alpha", "cmap", "display_size")}
-    want = {m: demo_task.show(model, image, m, **style).overlay for m in demo_task.METHODS}
+    from vitpipe.inference.explain import METHODS
+
+    want = {m: demo_task.show(model, image, m, **style).overlay for m in METHODS}
     assert mean_abs(want["rollout"], want["gradient"]) > 5  # the two overlays are told apart by far more than 1
     shown = [browser_page.upload(driver, url, image, timeout=60)]  # the config's method=rollout first
     for method in ("gradient", "rollout"):

@@ -22,7 +22,8 @@ from vitpipe.export import export_onnx
 from vitpipe.export.check import check_logits
 from vitpipe.export.onnx_format import check_onnx
 from vitpipe.export.timm_format import check_timm
-from vitpipe.run.checkpoint import load_checkpoint, rebuild
+from vitpipe.run.checkpoint import rebuild
+from vitpipe.run.stored import load_checkpoint
 from vitpipe.tasks.cli import run_cli
 from vitpipe.tasks.export import export
 from vitpipe.tasks.predict import predict

@@ -23,7 +23,8 @@ import tiny_checkpoints as tc
 import torch
 from conftest import make_cfg
 
-from vitpipe.run.checkpoint import load_checkpoint, rebuild
+from vitpipe.run.checkpoint import rebuild
+from vitpipe.run.stored import load_checkpoint
 from vitpipe.tasks.cli import run_cli
 from vitpipe.tasks.export import export
 
@@ -144,7 +145,7 @@ def test_timm_export_refuses_a_non_empty_folder_before_loading_the_model(ckpt, t
     def no_loading(*args, **kwargs):
         raise AssertionError("the checkpoint was loaded before out= was checked")
 
-    monkeypatch.setattr("vitpipe.run.checkpoint.load_checkpoint", no_loading)
+    monkeypatch.setattr("vitpipe.run.stored.load_checkpoint", no_loading)
     with pytest.raises(SystemExit) as exit_info:
         run_cli(export, export_cfg(tmp_path, ckpt, "timm", out))
     err = capsys.readouterr().err.strip().splitlines()
@@ -284,7 +285,7 @@ def test_report_md_table_keeps_hostile_class_names_in_one_cell(tmp_path):
     write_report(tmp_path / "run", names)
     md = (tmp_path / "run" / "report" / "report.md").read_text()
     tokens = MarkdownIt("commonmark").enable("table").parse(md)
-    tables, rows, row = [], [], None
+    tables, row = [], None
     for t in tokens:
         if t.type == "table_open":
             tables.append([])

@@ -47,7 +47,7 @@ def planted(tmp_path_factory):
     (run / ".hydra" / "overrides.yaml").write_text("\n".join([
         "- debug=fast", "- logger=none", f"- data.root={root_dir}/data/digits", f"- module.distill.teacher={teacher}",
         f"- model.pretrained='{mae}'", f"- paths.log_dir={home}/logs", f"- hydra.run.dir={run}",
-        "- trainer.max_epochs=1", f"- +trainer.default_root_dir=~/scratch"]) + "\n")
+        "- trainer.max_epochs=1", "- +trainer.default_root_dir=~/scratch"]) + "\n")
     return run / "checkpoints" / "epoch_000.ckpt", home, root_dir
 
 

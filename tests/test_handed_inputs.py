@@ -429,7 +429,8 @@ def test_serve_options_for_slow_clients_are_checked(tmp_path, monkeypatch):
     import resource
 
     import vitpipe.tasks.serve as serve
-    from vitpipe.tasks.serve import check_options, connection_bound
+    from vitpipe.config.options import check_serve as check_options
+    from vitpipe.tasks.serve import connection_bound
 
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     cases = [("header_timeout_s=0", r"header_timeout_s=0: expected a number > 0"),

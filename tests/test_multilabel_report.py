@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import make_cfg
 from PIL import Image
 from sklearn.metrics import average_precision_score, precision_recall_curve, precision_score, recall_score
 
-from conftest import make_cfg
 from vitpipe.report.figures import DPI, PR_SIZE, co_occurrence_size, label_errors_size
 from vitpipe.report.multilabel import (
     confident_label_errors,
@@ -164,7 +164,7 @@ def tiny_multilabel_checkpoint(base: Path) -> tuple[Path, Path]:
     checkpoint built as training builds one (tests/tiny_checkpoints.py's recipe)."""
     from omegaconf import OmegaConf
 
-    from vitpipe.tasks.train import build
+    from vitpipe.run.build import build_from_config
 
     root = base / "images"
     rng = np.random.default_rng(0)
@@ -177,7 +177,7 @@ def tiny_multilabel_checkpoint(base: Path) -> tuple[Path, Path]:
     cfg = make_cfg(base / "ckpt", ["debug=fast", "logger=none", "data=imagefolder", f"data.root={root}",
                                    "data.labels=labels.csv", "data.val_split=0", "module.task=multilabel",
                                    "model.img_size=16", "model.patch_size=4", "model.pos_embed=learned"])
-    dm, net, module = build(cfg)
+    dm, net, module = build_from_config(cfg)
     torch.manual_seed(0)
     with torch.no_grad():
         for name, p in net.named_parameters():

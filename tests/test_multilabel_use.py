@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import make_cfg
 from sklearn.metrics import average_precision_score, f1_score
 
-from conftest import make_cfg
 from vitpipe.errors import ConfigError
+from vitpipe.kinds.registry import KINDS
 from vitpipe.report.predictions import read_multilabel_predictions
 from vitpipe.tasks.make_mosaics import MosaicConfig, make_mosaics
 
@@ -229,7 +230,7 @@ def test_eval_after_tuning_reports_the_test_split_at_the_tuned_thresholds(traine
 def test_thresholds_of_another_checkpoint_are_not_applied(trained, tmp_path, capfd):
     import shutil
 
-    from vitpipe.tasks.predict import load_predictor
+    from vitpipe.inference.load import load_predictor
 
     other = tmp_path / "checkpoints" / trained["ckpt"].name
     other.parent.mkdir()
@@ -255,7 +256,7 @@ def test_endpoint_answers_the_label_set_of_predicts_row(trained):
     api = ImageAPI(ckpt_path=str(trained["ckpt"]), paths={"log_dir": "logs", "data_dir": "data"}, topk=3,
                    max_batch_size=8)
     api.setup("cpu")
-    assert api.loaded.multilabel and len(api.loaded.thresholds) == len(names)
+    assert api.loaded.kind.name == "multilabel" and len(api.loaded.thresholds) == len(names)
     files = sorted((trained["root"] / "test").rglob("*.png"))[:8]
     payloads = [{"image": base64.b64encode(p.read_bytes()).decode()} for p in files]
     out = api.predict(api.batch([api.decode_request(p) for p in payloads]))
@@ -273,7 +274,7 @@ def test_endpoint_answers_the_label_set_of_predicts_row(trained):
 
 def test_info_says_the_endpoint_answers_label_sets_at_these_thresholds(trained, tmp_path):
     """/info of a multi-label checkpoint: task multilabel and the per-class thresholds the answers apply."""
-    from vitpipe.tasks.predict import load_predictor
+    from vitpipe.inference.load import load_predictor
     from vitpipe.tasks.serve import server_info
 
     cfg = make_cfg(tmp_path / "s", [f"ckpt_path={trained['ckpt']}", "device=cpu"], config_name="serve")
@@ -300,7 +301,7 @@ def test_the_model_cards_sigmoid_snippet_gives_predicts_label_sets(trained, tmp_
     block, run as a reader would, gives predict's label set and scores per file."""
     import re
 
-    from vitpipe.tasks.predict import load_predictor
+    from vitpipe.inference.load import load_predictor
 
     names = class_names(trained)
     out = export(trained, "timm", tmp_path / "ml_vit")
@@ -330,7 +331,7 @@ def test_onnx_export_metadata_says_sigmoid_and_the_thresholds(trained, tmp_path)
 
     out = export(trained, "onnx", tmp_path / "ml.onnx")
     meta = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map
-    from vitpipe.tasks.predict import load_predictor
+    from vitpipe.inference.load import load_predictor
 
     assert meta["multi_label"] == "true" and "sigmoid" in meta["outputs"]
     assert json.loads(meta["thresholds"]) == pytest.approx(load_predictor(trained["ckpt"]).thresholds.tolist(), abs=0)
@@ -341,7 +342,8 @@ def test_onnx_export_metadata_says_sigmoid_and_the_thresholds(trained, tmp_path)
 
 
 def test_gradient_rollout_explains_the_class_target_names(trained, tmp_path):
-    from vitpipe.run.checkpoint import load_checkpoint, rebuild
+    from vitpipe.run.checkpoint import rebuild
+    from vitpipe.run.stored import load_checkpoint
     from vitpipe.tasks.visualize import class_index, classifier_maps, visualize
     from vitpipe.viz.rollout import gradient_rollout
 
@@ -354,7 +356,8 @@ def test_gradient_rollout_explains_the_class_target_names(trained, tmp_path):
     net = rebuild(load_checkpoint(trained["ckpt"]), trained["ckpt"]).net
     assert class_index(names[3], names, len(names)) == 3 and class_index("7", names, len(names)) == 7
     x = torch.randn(2, net.in_chans, 56, 56, generator=torch.Generator().manual_seed(0))
-    maps = [classifier_maps(net, x, ["gradient"], head_fusion="mean", discard_ratio=0.0, target=c, multilabel=True)
+    maps = [classifier_maps(net, x, ["gradient"], head_fusion="mean", discard_ratio=0.0, target=c,
+                                  kind=KINDS["multilabel"])
             for c in (3, 5)]
     torch.testing.assert_close(maps[0]["gradient"], gradient_rollout(net, x, 3))
     assert not torch.allclose(maps[0]["gradient"], maps[1]["gradient"])  # another class, another map
@@ -403,7 +406,7 @@ def test_demo_page_shows_predicts_label_set_and_scores(trained, tmp_path):
 
 
 def test_serve_checks_threshold_in_one_line(trained, tmp_path):
-    from vitpipe.tasks.serve import check_options
+    from vitpipe.config.options import check_serve as check_options
 
     with pytest.raises(ConfigError, match="threshold=2"):
         check_options(make_cfg(tmp_path / "s", [f"ckpt_path={trained['ckpt']}", "threshold=2"], config_name="serve"))

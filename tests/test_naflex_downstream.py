@@ -26,13 +26,13 @@ SIZES = [(8, 20), (30, 9), (8, 8), (5, 40)]
 def naflex_checkpoint(base: Path, pool: str = "mean", pos_embed: str = "learned") -> Path:
     """A tiny classifier checkpoint (random weights, as tests/tiny_checkpoints.py makes them) built through
     ``train.build`` with ``data.naflex.enabled=true``: the config the NaFlex training path stores."""
-    from vitpipe.tasks.train import build
+    from vitpipe.run.build import build_from_config
 
     root = base / f"{pos_embed}_{pool}"
     overrides = [f"model.pos_embed={pos_embed}", f"model.pool={pool}", f"model.class_token={pool == 'cls'}"]
     naflex = ["data.naflex.enabled=true", f"data.naflex.seq_lens=[{MAX_SEQ_LEN}]", f"data.naflex.max_seq_len={MAX_SEQ_LEN}"]
     cfg = make_cfg(root, ["debug=fast", "logger=none", "model.depth=2", *overrides, *naflex])
-    dm, net, module = build(cfg)
+    dm, net, module = build_from_config(cfg)
     torch.manual_seed(0)
     with torch.no_grad():
         for name, p in net.named_parameters():
@@ -66,7 +66,8 @@ def image_folder(folder: Path) -> list[Path]:
 
 def rebuilt(ckpt):
     from vitpipe.data.preprocess import Preprocess, naflex_settings
-    from vitpipe.run.checkpoint import load_checkpoint, rebuild
+    from vitpipe.run.checkpoint import rebuild
+    from vitpipe.run.stored import load_checkpoint
 
     checkpoint = load_checkpoint(ckpt)
     built = rebuild(checkpoint, ckpt)

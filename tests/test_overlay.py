@@ -70,7 +70,7 @@ def test_overlay_returns_blend_and_draws_on_axes():
 def test_image_forms(image):
     array = to_numpy_image(image)
     assert array.shape == (H, W, 3) and array.dtype == np.float32
-    assert 0.0 <= array.min() and array.max() <= 1.0
+    assert array.min() >= 0.0 and array.max() <= 1.0
 
 
 def test_pil_and_uint8_are_scaled():

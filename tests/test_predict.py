@@ -17,8 +17,10 @@ from conftest import make_cfg
 from PIL import Image
 
 from vitpipe.errors import ConfigError
-from vitpipe.run.checkpoint import load_checkpoint, rebuild
-from vitpipe.tasks.predict import label_names, predict
+from vitpipe.inference.labels import label_names
+from vitpipe.run.checkpoint import rebuild
+from vitpipe.run.stored import load_checkpoint
+from vitpipe.tasks.predict import predict
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS_MEAN, DIGITS_STD = 0.3053, 0.3759
@@ -268,7 +270,7 @@ def _unwritable_dir(tmp_path: Path) -> Path:
 def test_bad_out_is_refused_before_the_checkpoint_or_any_image_is_read(ckpts, tmp_path, monkeypatch, case):
     """out= that cannot be written is one line naming out= and why, raised before anything loads: the
     checkpoint reader, torch.load and PIL's opener are made to fail the test if predict reaches them."""
-    import vitpipe.run.checkpoint
+    import vitpipe.run.stored
 
     path = ckpts("sincos2d")
     mixed_folder(tmp_path / "imgs")
@@ -282,7 +284,7 @@ def test_bad_out_is_refused_before_the_checkpoint_or_any_image_is_read(ckpts, tm
     def reached(*args, **kwargs):
         raise AssertionError("predict read the checkpoint or an image before checking out=")
 
-    monkeypatch.setattr(vitpipe.run.checkpoint, "load_checkpoint", reached)
+    monkeypatch.setattr(vitpipe.run.stored, "load_checkpoint", reached)
     monkeypatch.setattr(torch, "load", reached)
     monkeypatch.setattr(Image, "open", reached)
     cfg = make_cfg(tmp_path, [f"ckpt_path={path}", f"images={tmp_path / 'imgs'}", f"out={out}", "device=cpu"],
@@ -314,7 +316,7 @@ def test_cli_bad_out_exits_2_in_one_line_before_any_prediction(ckpts, tmp_path):
 def test_output_is_written_through_a_temp_file_and_rename(ckpts, tmp_path, monkeypatch):
     """The CSV appears under its name only whole: the write goes through vitpipe's atomic writer (a
     failure during it leaves the previous file as it was)."""
-    import vitpipe.lit.checkpointing as ckpt_io
+    import vitpipe.run.files as files_io
 
     path = ckpts("sincos2d")
     mixed_folder(tmp_path / "imgs")
@@ -324,7 +326,7 @@ def test_output_is_written_through_a_temp_file_and_rename(ckpts, tmp_path, monke
     def dying_replace(src, dst):
         raise KeyboardInterrupt  # killed between writing the temp file and the rename
 
-    monkeypatch.setattr(ckpt_io.os, "replace", dying_replace)
+    monkeypatch.setattr(files_io.os, "replace", dying_replace)
     with pytest.raises(KeyboardInterrupt):
         run_predict(tmp_path, path, tmp_path / "imgs")
     assert out.read_text() == "previous\n"
@@ -338,7 +340,7 @@ def test_a_pretraining_checkpoint_is_refused_in_one_line_before_any_image(ckpts,
     """An MAE pre-training checkpoint has no classes: predict, serve and the demo say so in one line
     (predict used to start its loop first; serve failed with an AttributeError)."""
     from vitpipe.errors import ConfigError
-    from vitpipe.tasks.predict import load_predictor
+    from vitpipe.inference.load import load_predictor
 
     tc.KINDS.setdefault("mae", ["model=mae_vit_nano", "module=mae"])
     ckpt = ckpts("mae")

@@ -33,7 +33,7 @@ from conftest import make_cfg
 from PIL import Image
 
 from vitpipe.errors import ConfigError
-from vitpipe.run.checkpoint import load_checkpoint
+from vitpipe.run.stored import load_checkpoint
 from vitpipe.tasks.predict import predict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,7 +174,7 @@ def files(tmp_path_factory):
     """One checkpoint in two run directories (``calibrated`` with a calibration.json fitted on it, ``plain``
     without), its ONNX export (scripts/export.py's writer), and the images."""
     from vitpipe.export.onnx_format import export_onnx
-    from vitpipe.tasks.predict import load_predictor
+    from vitpipe.inference.load import load_predictor
 
     base = tmp_path_factory.mktemp("serve")
     images = write_images(base / "images")
@@ -229,7 +229,7 @@ def test_torch_server_answers_equal_predict_with_calibration(files, torch_server
         assert by_json.status_code == by_form.status_code == 200, (by_json.text, by_form.text)
         assert_same(by_json.json(), rows[path.name])
         assert_same(by_form.json(), rows[path.name])
-    from vitpipe.tasks.predict import load_predictor
+    from vitpipe.inference.load import load_predictor
 
     loaded = load_predictor(files["calibrated"])  # the composition by hand: softmax(logits / T), not softmax(logits)
     gray = next(p for p in files["images"] if p.name == "gray.png")
@@ -421,21 +421,22 @@ def test_bad_request_gets_a_4xx_line_and_the_next_good_one_is_answered(files, to
 
 def test_explain_adds_the_rollout_grid_and_a_png(files, torch_server):
     """?explain=rollout: the grid attention_rollout gives on predict's input tensor; the PNG is the image's size."""
-    from vitpipe.tasks.predict import load_predictor
-    from vitpipe.viz.rollout import gradient_rollout, rollout_for_model
-
     from vitpipe.data.images import open_image
+    from vitpipe.inference.load import load_predictor
+    from vitpipe.viz.rollout import gradient_rollout, rollout_for_model
 
     loaded = load_predictor(files["calibrated"])
     path = files["images"][0]
     image = open_image(path, "L")
     x = loaded.preprocess(image)[None]
-    want = {"rollout": rollout_for_model(loaded.net, x)[0], "gradient_rollout": gradient_rollout(loaded.net, x)[0]}
-    for method, grid in want.items():
+    want = {"rollout": rollout_for_model(loaded.net, x)[0], "gradient": gradient_rollout(loaded.net, x)[0]}
+    # both spellings of gradient rollout are taken; the answer names the canonical one (vitpipe.inference.explain)
+    for method, canonical in (("rollout", "rollout"), ("gradient", "gradient"), ("gradient_rollout", "gradient")):
+        grid = want[canonical]
         r = torch_server.post(path, query=f"?explain={method}")
         assert r.status_code == 200, r.text
         got = r.json()["explain"]
-        assert got["method"] == method
+        assert got["method"] == canonical
         assert np.allclose(got["grid"], grid.numpy(), atol=1e-5)
         png = Image.open(io.BytesIO(base64.b64decode(got["png"])))
         assert png.format == "PNG" and png.size == image.size
@@ -446,7 +447,8 @@ def test_explain_adds_the_rollout_grid_and_a_png(files, torch_server):
 def test_info_says_what_predict_answers(files, torch_server):
     """GET /info: the checkpoint, the task (top-k softmax here), the classes, the calibration temperature
     the answers carry, the explain methods and the batch settings, as the server applies them."""
-    from vitpipe.tasks.predict import label_names, load_predictor
+    from vitpipe.inference.labels import label_names
+    from vitpipe.inference.load import load_predictor
 
     loaded = load_predictor(files["calibrated"])
     r = requests.get(f"{torch_server.url}/info", timeout=30)
@@ -455,7 +457,7 @@ def test_info_says_what_predict_answers(files, torch_server):
     assert info["task"] == "multiclass" and "thresholds" not in info
     assert info["classes"] == label_names(loaded.built.class_names, int(loaded.net.num_classes))
     assert info["temperature"] == pytest.approx(TEMPERATURE) and info["topk"] == 5
-    assert info["explain"] == ["rollout", "gradient_rollout"] and info["backend"] == "torch"
+    assert info["explain"] == ["rollout", "gradient"] and info["backend"] == "torch"  # vitpipe.inference.explain's names
     assert Path(info["checkpoint"]) == Path(loaded.path)
 
 
@@ -466,7 +468,7 @@ def test_info_says_what_predict_answers(files, torch_server):
                                            ("port=70000", "port="), ("batch_timeout_ms=-1", "batch_timeout_ms="),
                                            ("onnx_path=/nonexistent.onnx", "onnx_path=")])
 def test_bad_options_are_one_line_before_anything_loads(tmp_path, override, word):
-    from vitpipe.tasks.serve import check_options
+    from vitpipe.config.options import check_serve as check_options
 
     extra = ["backend=onnx"] if override.startswith("onnx_path") else []
     cfg = make_cfg(tmp_path, ["ckpt_path=x", override, *extra], config_name="serve")
@@ -498,7 +500,7 @@ def test_onnx_file_is_exported_at_start_up_or_checked_against_the_checkpoint(fil
     """backend=onnx without onnx_path exports into the run directory; a given file of another network
     is refused (ExportCheckError) before the server starts."""
     from vitpipe.errors import ExportCheckError
-    from vitpipe.tasks.predict import load_predictor
+    from vitpipe.inference.load import load_predictor
     from vitpipe.tasks.serve import onnx_file
 
     cfg = make_cfg(tmp_path, [f"ckpt_path={files['plain']}", "backend=onnx"], config_name="serve")

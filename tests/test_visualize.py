@@ -91,7 +91,7 @@ def test_load_classifier_checkpoint(classifier_ckpt):
 
 
 def test_load_captioner_checkpoint_uses_its_tokenizer(captioner_ckpt):
-    from vitpipe.run.checkpoint import load_checkpoint
+    from vitpipe.run.stored import load_checkpoint
     from vitpipe.text import WordTokenizer
 
     net, _, dm = load_from_checkpoint(captioner_ckpt)

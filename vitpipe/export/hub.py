@@ -7,17 +7,10 @@ README.md), so this is huggingface_hub's create_repo + upload_folder, as there. 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
+from vitpipe.config.options import check_repo_id  # the rule export's preflight applies before anything loads
 from vitpipe.errors import ConfigError
-
-REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-
-
-def check_repo_id(repo_id: str) -> None:
-    if not REPO_ID.fullmatch(str(repo_id)):
-        raise ConfigError(f"push_to_hub={repo_id!r}: expected a Hub repository id <user or org>/<name>")
 
 
 def push_folder(folder: Path, repo_id: str, *, private: bool = False) -> str:

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from vitpipe.data.preprocess import InputSpec
 from vitpipe.errors import ConfigError, ExportCheckError
 from vitpipe.export.check import check_logits
+from vitpipe.kinds import KINDS, TaskKind
 from vitpipe.nn.naflex import NAFLEX_KEYS
 from vitpipe.run.files import atomic_write, remove_stale_temp_files
 
@@ -44,15 +45,16 @@ ONNX_TOLERANCE = 1e-4  # max abs logit difference between onnxruntime and PyTorc
 ONNX_MAX_BYTES = 2**31  # protobuf's limit on one serialized message: the whole self-contained file
 
 
-def export_onnx(net: nn.Module, spec: InputSpec, out: Path, *, metadata: dict[str, str] | None = None,
-                class_names: list | None = None) -> float:
+def export_onnx(net: nn.Module, spec: InputSpec, out: Path, *, kind: TaskKind | None = None,
+                metadata: dict[str, str] | None = None, class_names: list | None = None) -> float:
     """Write ``net`` (images (B, in_chans, H, W) -> logits (B, classes)) to ``out``; returns the max
     abs difference of onnxruntime's logits from PyTorch's on a random batch of 3. A model failing that
     check is not written (ExportCheckError; an earlier ``out`` stays as it was). The file's ``metadata_props``
     (onnxruntime: ``session.get_modelmeta().custom_metadata_map``) hold ``consumer_metadata(net, spec,
-    class_names)`` updated with ``metadata``, e.g. a multi-label model's ``multi_label``, ``outputs: sigmoid``
-    and thresholds."""
-    if hasattr(net, "generate"):
+    class_names, kind)`` updated with ``metadata``, e.g. a multi-label model's ``multi_label``, ``outputs: sigmoid``
+    and thresholds. ``kind``: the run's task kind (``vitpipe.kinds``; default multi-class)."""
+    kind = kind or KINDS["multiclass"]
+    if not kind.classifies:
         raise ConfigError("format=onnx exports classifiers; this checkpoint is a captioner "
                           "(its decoding loop is not one graph): use scripts/predict.py for captions")
     net = net.eval().cpu()
@@ -62,8 +64,7 @@ def export_onnx(net: nn.Module, spec: InputSpec, out: Path, *, metadata: dict[st
     if size >= ONNX_MAX_BYTES:
         raise ConfigError(f"format=onnx writes one self-contained file, and ONNX (protobuf) holds at most 2 GB in "
                           f"one: this network's weights are {size / 1e9:.2f} GB; use format=timm")
-    multilabel = (metadata or {}).get("multi_label") == "true"
-    metadata = {**consumer_metadata(net, spec, class_names, multilabel=multilabel), **(metadata or {})}
+    metadata = {**consumer_metadata(net, spec, class_names, kind=kind), **(metadata or {})}
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(out.parent, name=out.name)  # what earlier killed exports left
     diffs = []
@@ -91,15 +92,16 @@ def export_onnx(net: nn.Module, spec: InputSpec, out: Path, *, metadata: dict[st
 
 
 def consumer_metadata(net: nn.Module, spec: InputSpec, class_names: list | None = None, *,
-                      multilabel: bool = False) -> dict[str, str]:
+                      kind: TaskKind | None = None) -> dict[str, str]:
     """The ``metadata_props`` of a classifier export: strings (lists and sizes as JSON) that let someone
     with only the file feed it an image and name its answer, as ``vitpipe.data.preprocess`` does."""
     n = int(net.num_classes)
     names = [str(c) for c in class_names] if class_names and len(class_names) == n else [str(i) for i in range(n)]
-    read = ("a sigmoid per class (multi-label)" if multilabel else "softmax over classes for probabilities")
+    kind = kind or KINDS["multiclass"]
+    read = kind.onnx_outputs  # how the logits become probabilities: softmax, or a sigmoid per class
     meta = {
         "producer": "vitpipe",
-        "task": "multilabel" if multilabel else "multiclass",
+        "task": kind.name,
         "num_classes": str(n),
         "label_names": json.dumps(names),  # in logit order
         "outputs": f"logits (batch, {n}) in label_names order; {read}",

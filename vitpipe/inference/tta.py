@@ -15,7 +15,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-TTAS = ("none", "hflip")
+from vitpipe.config.options import TTAS  # the values tta= takes, where the one config check reads them
+
+__all__ = ["TTAS", "at_test_time", "tta_logits"]
 
 
 def tta_logits(logits: Tensor, mirrored: Callable[[], Tensor] | None = None, *, tta: str = "none",

@@ -44,6 +44,7 @@ from vitpipe.report.history import HISTORY_FILE
 from vitpipe.report.multilabel import best_f1_thresholds, write_thresholds
 from vitpipe.report.predictions import MultilabelPredictions, Predictions, TestPredictions, evaluated_net
 from vitpipe.run.paths import run_dir_of
+from vitpipe.run.stored import config_of
 
 SPLITS = ("test", "val")
 
@@ -97,7 +98,7 @@ def multilabel_refusal(stored: dict | None, opts: EvalOptions) -> str | None:
 def unseen_flip_warning(stored: dict | None, tta: str) -> str | None:
     """One line when ``tta=hflip`` mirrors images for a network whose training never flipped one, else None.
 
-    ``stored``: the run config a checkpoint keeps (``checkpoint["vitpipe_config"]``); training flips
+    ``stored``: the run config a checkpoint keeps (``vitpipe.run.stored.config_of(checkpoint)``); training flips
     images only with ``data.augment`` (default on) and ``data.hflip`` both true. Eval and predict print it.
     """
     if tta != "hflip":
@@ -188,7 +189,7 @@ def evaluate_with_report(cfg: DictConfig, trainer: L.Trainer, module: L.Lightnin
         metrics |= {"test/temperature": temperature, "test/nll_uncalibrated": nll(raw, result.target),
                     "test/ece_uncalibrated": before.ece()}
         if checkpoint is None:
-            from vitpipe.run.checkpoint import load_checkpoint
+            from vitpipe.run.stored import load_checkpoint
 
             checkpoint = load_checkpoint(ckpt_path)
         write_calibration(
@@ -208,7 +209,7 @@ def _tune_thresholds(result: MultilabelPredictions, datamodule, ckpt_path: Path,
                      split: str) -> dict[str, float]:
     """Per-class F1-maximising thresholds on ``result`` -> thresholds.json beside the checkpoint; returns
     ``test/f1_macro_tuned`` (the macro F1 at them, on the split they were fitted on)."""
-    from vitpipe.run.checkpoint import load_checkpoint
+    from vitpipe.run.stored import load_checkpoint
 
     scores, target = result.scores.numpy(), result.target.numpy()
     names = list(getattr(datamodule, "class_names", None) or [str(i) for i in range(scores.shape[1])])
@@ -221,10 +222,10 @@ def _tune_thresholds(result: MultilabelPredictions, datamodule, ckpt_path: Path,
 
 def _stored_config(checkpoint: dict | None, ckpt_path: Path) -> dict | None:
     if checkpoint is None:
-        from vitpipe.run.checkpoint import load_checkpoint
+        from vitpipe.run.stored import load_checkpoint
 
         checkpoint = load_checkpoint(ckpt_path)
-    return checkpoint.get("vitpipe_config")
+    return config_of(checkpoint)
 
 
 def _tuned_thresholds(report, datamodule, net, ckpt_path: Path, checkpoint: dict | None):
@@ -233,7 +234,7 @@ def _tuned_thresholds(report, datamodule, net, ckpt_path: Path, checkpoint: dict
     import sys
 
     from vitpipe.report.multilabel import find_thresholds
-    from vitpipe.run.checkpoint import load_checkpoint
+    from vitpipe.run.stored import load_checkpoint
 
     checkpoint = checkpoint if checkpoint is not None else load_checkpoint(ckpt_path)
     names = checkpoint.get("class_names") or getattr(datamodule, "class_names", None) or []

@@ -37,7 +37,7 @@ THRESHOLDS_FILE = "thresholds.json"
 
 
 def is_multilabel(stored: dict | None) -> bool:
-    """Whether a checkpoint's stored run config (``checkpoint["vitpipe_config"]``) trained ``module.task=multilabel``."""
+    """Whether a checkpoint's stored run config (``vitpipe.run.stored.CONFIG``) trained ``module.task=multilabel``."""
     # kept for tasks/predict.py and tasks/export.py until they ask vitpipe.kinds.kind_of_checkpoint themselves
     return kind_of_checkpoint(stored) is KINDS["multilabel"]
 

@@ -17,39 +17,30 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from vitpipe.config.options import FORMATS
+from vitpipe.config.preflight import preflight
 from vitpipe.data.preprocess import Preprocess, naflex_settings
 from vitpipe.errors import ConfigError
-from vitpipe.export.hub import check_repo_id, push_folder
+from vitpipe.export.hub import push_folder
 from vitpipe.export.model_card import model_card
 from vitpipe.export.onnx_format import export_onnx
 from vitpipe.export.staging import check_out_folder
 from vitpipe.export.timm_format import save_timm, timm_arch
+from vitpipe.inference.probs import calibration_temperature
+from vitpipe.kinds import TaskKind
 from vitpipe.run.outputs import check_not_input, check_writable, checkpoint_inputs
 from vitpipe.run.paths import run_dir_of
-from vitpipe.tasks.predict import calibration_temperature
+from vitpipe.run.stored import config_of
 
-FORMATS = ("timm", "onnx")
+__all__ = ["FORMATS", "export", "multilabel_thresholds", "onnx_metadata", "output_path"]
 
 
 def output_path(cfg: DictConfig) -> Path | None:
-    """``out`` checked against the format (None: not given)."""
-    if cfg.format not in FORMATS:
-        raise ConfigError(f"format={cfg.format!r}; valid choices: {', '.join(FORMATS)}")
-    if cfg.get("push_to_hub"):
-        if cfg.format != "timm":
-            raise ConfigError(f"push_to_hub uploads a timm folder: use format=timm, not format={cfg.format}")
-        check_repo_id(cfg.push_to_hub)
-    if not isinstance(cfg.get("overwrite", False), bool):
-        raise ConfigError(f"overwrite={cfg.overwrite!r}; valid: true (replace a non-empty out folder), false")
+    """``out`` checked against the disk (None: not given): writable, and for format=timm an empty folder
+    unless ``overwrite``. Its name against the format is preflight's (``vitpipe.config.options``)."""
     if cfg.get("out") in (None, ""):
         return None
     out = Path(str(cfg.out))
-    if cfg.format == "onnx" and out.suffix.lower() != ".onnx":
-        raise ConfigError(f"out={cfg.out}: an ONNX export is one file whose name ends in .onnx")
-    if cfg.format == "onnx" and out.is_dir():
-        raise ConfigError(f"out={cfg.out} is a folder; format=onnx writes one .onnx file: pass a file path")
-    if cfg.format == "timm" and out.exists() and not out.is_dir():
-        raise ConfigError(f"out={cfg.out} is a file; format=timm writes a folder: pass a folder path")
     check_writable(out, key="out", folder=cfg.format == "timm")  # a read-only folder, a file in the way, a full disk
     if cfg.format == "timm":
         check_out_folder(out, overwrite=cfg.get("overwrite", False))  # before the checkpoint is read
@@ -57,9 +48,11 @@ def output_path(cfg: DictConfig) -> Path | None:
 
 
 def export(cfg: DictConfig) -> Path:
-    from vitpipe.run.checkpoint import load_checkpoint, rebuild
+    from vitpipe.run.checkpoint import rebuild
     from vitpipe.run.paths import needs_kinds, resolve_ckpt_path
+    from vitpipe.run.stored import load_checkpoint
 
+    preflight(cfg, "export")  # every option, before the disk or the checkpoint is read
     out = output_path(cfg)
     path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best",
                              usable=needs_kinds("classifier", command="export"))  # last: the newest classifier run
@@ -69,19 +62,20 @@ def export(cfg: DictConfig) -> Path:
     checkpoint = load_checkpoint(path)
     built = rebuild(checkpoint, path, paths=cfg.paths, task_name=cfg.task_name)
     net = built.net.cpu().eval()
-    if hasattr(net, "generate"):
+    kind = built.module.kind  # the task kind the LightningModule chose once (vitpipe.kinds)
+    if kind.generates:
         raise ConfigError(f"format={cfg.format} exports classifiers; {path} is a captioner "
                           "(use scripts/predict.py for its captions)")
-    spec = Preprocess(built.datamodule, net, naflex=naflex_settings(checkpoint["vitpipe_config"])).spec
+    spec = Preprocess(built.datamodule, net, naflex=naflex_settings(config_of(checkpoint))).spec
     if out is None:  # e.g. <run output dir>/vit_nano_digits(.onnx)
         data = str(built.cfg.data.get("_target_", "")).rsplit(".", 1)[-1] if built.cfg.get("data") else ""
         stem = "_".join(filter(None, [str(built.cfg.model.get("name", "vit")), data.removesuffix("DataModule").lower()]))
         out = Path(cfg.paths.output_dir) / (stem + (".onnx" if cfg.format == "onnx" else ""))
         check_not_input(out, inputs, key="out", folder=cfg.format == "timm")
 
-    thresholds = multilabel_thresholds(path, checkpoint, built)
+    thresholds = multilabel_thresholds(path, checkpoint, built, kind)
     if cfg.format == "onnx":
-        diff = export_onnx(net, spec, out, metadata=onnx_metadata(thresholds, built.class_names),
+        diff = export_onnx(net, spec, out, kind=kind, metadata=onnx_metadata(thresholds, built.class_names),
                            class_names=built.class_names)  # the file names its classes, input and preprocessing
         print(f"vitpipe export: {out} ({out.stat().st_size / 1e6:.2f} MB; onnxruntime logits within {diff:.2g} "
               "of PyTorch's)")
@@ -93,7 +87,7 @@ def export(cfg: DictConfig) -> Path:
     timm_arch(net, spec)  # a part timm cannot express: one line, before anything is written
     class_names = built.class_names if built.class_names and len(built.class_names) == net.num_classes else None
     temperature = None if thresholds else calibration_temperature(path, checkpoint, tta="none")  # the card: plain logits
-    card = model_card(name=out.name, net=net, arch=timm_arch(net, spec), spec=spec, train_config=checkpoint["vitpipe_config"],
+    card = model_card(name=out.name, net=net, arch=timm_arch(net, spec), spec=spec, train_config=config_of(checkpoint),
                       class_names=class_names, run_dir=run_dir_of(path), temperature=temperature, thresholds=thresholds)
     diff = save_timm(net, spec, out, class_names=class_names, readme=card, overwrite=cfg.get("overwrite", False),
                      thresholds=thresholds)
@@ -105,13 +99,12 @@ def export(cfg: DictConfig) -> Path:
     return out
 
 
-def multilabel_thresholds(path: Path, checkpoint: dict, built) -> list[float] | None:
+def multilabel_thresholds(path: Path, checkpoint: dict, built, kind: TaskKind) -> list[float] | None:
     """A multi-label checkpoint's per-class thresholds as predict applies them (thresholds.json fitted on it,
     else ``module.threshold``); None for a single-label one."""
-    from vitpipe.report.multilabel import is_multilabel
-    from vitpipe.tasks.predict import class_thresholds
+    from vitpipe.inference.labels import class_thresholds
 
-    if not is_multilabel(checkpoint.get("vitpipe_config")):
+    if kind.name != "multilabel":
         return None
     return class_thresholds(path, checkpoint, built, None).tolist()
 

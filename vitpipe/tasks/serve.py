@@ -6,7 +6,8 @@
 ``POST /predict`` with ``{"image": "<base64 of the file>"}`` or a multipart form (file in field
 ``image``) -> ``{"labels": [...], "probs": [...]}`` (top-k, ``scripts/predict.py``'s probabilities:
 the checkpoint's eval transform, its calibration temperature), ``{"caption": ...}`` for captioners;
-``?explain=rollout|gradient_rollout`` adds the attention map. Requests are batched dynamically
+``?explain=rollout|gradient`` adds the attention map (``vitpipe.inference.explain``; ``gradient_rollout``
+is read as ``gradient``). Requests are batched dynamically
 (LitServe's ``max_batch_size`` / ``batch_timeout``). ``backend=onnx`` runs an exported ONNX file
 (``onnx_path``, checked against the checkpoint at start-up; exported here when not given) in
 onnxruntime. ``GET /health`` is 200 ``ok`` once the workers are ready; ``GET /info`` shows the model
@@ -25,10 +26,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from vitpipe.errors import ConfigError, check_int
+from vitpipe.config.options import FD_MARGIN, open_files_limit
+from vitpipe.config.preflight import preflight
+from vitpipe.errors import ConfigError
 
-BACKENDS = ("torch", "onnx")
-DEVICES = ("auto", "cpu", "cuda")
 INSTALL = 'pip install -e ".[serve]"'
 
 
@@ -40,54 +41,7 @@ def require(module: str, what: str):
         raise ConfigError(f"{what} needs {module}, which is not installed: {INSTALL}") from None
 
 
-def check_options(cfg: DictConfig) -> None:
-    """Everything checkable before the checkpoint is read: one ConfigError line naming the value."""
-    check_int(cfg.port, "port", 1)
-    if cfg.port > 65535:
-        raise ConfigError(f"port={cfg.port}: expected an int in 1..65535")
-    for key in ("max_batch_size", "workers_per_device", "topk"):
-        check_int(cfg.get(key), key, 1)
-    for key in ("batch_timeout_ms", "max_body_mb", "timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_s"):
-        v = cfg.get(key)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (key != "batch_timeout_ms" and v == 0):
-            raise ConfigError(f"{key}={v!r}: expected a number {'>= 0' if key == 'batch_timeout_ms' else '> 0'}")
-    if cfg.get("max_connections") is not None:
-        check_int(cfg.max_connections, "max_connections", 1)
-        check_connection_bound(int(cfg.max_connections))
-    if cfg.backend not in BACKENDS:
-        raise ConfigError(f"backend={cfg.backend!r}; valid choices: {', '.join(BACKENDS)}")
-    if cfg.device not in DEVICES:
-        raise ConfigError(f"device={cfg.device!r}; valid choices: {', '.join(DEVICES)}")
-    if cfg.get("onnx_path") and cfg.backend != "onnx":
-        raise ConfigError(f"onnx_path={cfg.onnx_path} is served with backend=onnx; add backend=onnx or drop onnx_path")
-    if cfg.get("onnx_path") and not Path(str(cfg.onnx_path)).is_file():
-        raise ConfigError(f"onnx_path={cfg.onnx_path}: no such file; export one with scripts/export.py format=onnx")
-    from vitpipe.tasks.predict import check_threshold
-    from vitpipe.viz.rollout import check_rollout_options
-
-    check_threshold(cfg.get("threshold"))
-    check_rollout_options(head_fusion=cfg.head_fusion, discard_ratio=cfg.discard_ratio)
-
-
-FD_MARGIN = 64  # descriptors the server process holds besides its connections (sockets, pipes, files)
 DEFAULT_CONNECTIONS = 256  # max_connections=null: this, or fewer where ulimit -n is low (macOS: 256)
-
-
-def open_files_limit() -> int | None:
-    """The soft ``ulimit -n`` of this process (None: unlimited)."""
-    import resource
-
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return None if soft == resource.RLIM_INFINITY else soft
-
-
-def check_connection_bound(max_connections: int) -> None:
-    """``max_connections`` must leave the server process descriptors of its own under ``ulimit -n``: past
-    that, accepting one more connection fails in the server instead of refusing the client."""
-    soft = open_files_limit()
-    if soft is not None and max_connections > soft - FD_MARGIN:
-        raise ConfigError(f"max_connections={max_connections}: this process may open {soft} files (ulimit -n); "
-                          f"use at most {max(1, soft - FD_MARGIN)} or raise the limit")
 
 
 def connection_bound(cfg: DictConfig) -> int:
@@ -108,15 +62,15 @@ def onnx_file(cfg: DictConfig, loaded) -> str:
     from vitpipe.export.timm_format import naflex_probe
 
     require("onnxruntime", "backend=onnx")
-    if loaded.captioner:
+    if not loaded.kind.classifies:
         raise ConfigError("backend=onnx serves classifiers; this checkpoint is a captioner: use backend=torch")
     net, spec = loaded.net.cpu(), loaded.preprocess.spec
     if not cfg.get("onnx_path"):
         from vitpipe.tasks.export import onnx_metadata
 
         out = Path(cfg.paths.output_dir) / "model.onnx"
-        thresholds = loaded.thresholds.tolist() if loaded.multilabel else None  # the file says what export's says
-        diff = export_onnx(net, spec, out, metadata=onnx_metadata(thresholds, loaded.built.class_names),
+        thresholds = None if loaded.thresholds is None else loaded.thresholds.tolist()  # as export's file says
+        diff = export_onnx(net, spec, out, kind=loaded.kind, metadata=onnx_metadata(thresholds, loaded.built.class_names),
                            class_names=loaded.built.class_names)
         print(f"vitpipe serve: exported {out} (onnxruntime logits within {diff:.2g} of PyTorch's)", flush=True)
         return str(out)
@@ -134,16 +88,16 @@ def banner(cfg: DictConfig, loaded, onnx_path: str | None) -> str:
     lines = [f"vitpipe serve: POST {url}/predict  (health: {url}/health, info: {url}/info)",
              f"  model: {loaded.path} ({model}; backend={cfg.backend}{f' {onnx_path}' if onnx_path else ''}, "
              f"device={cfg.device})"]
-    if loaded.captioner:
+    if loaded.kind.generates:
         lines.append("  answers: captions")
     else:
-        from vitpipe.tasks.predict import label_names
+        from vitpipe.inference.labels import label_names
 
         names = label_names(loaded.built.class_names, int(net.num_classes))
         shown = ", ".join(names[:20]) + (f", ... ({len(names) - 20} more)" if len(names) > 20 else "")
         temp = f"; temperature {loaded.temperature:g} (calibration.json)" if loaded.temperature else ""
         lines.append(f"  classes ({len(names)}): {shown}; top-{min(cfg.topk, len(names))}, tta={cfg.tta}{temp}")
-        if loaded.multilabel:
+        if loaded.thresholds is not None:  # multi-label
             t = loaded.thresholds
             lines.append(f"  multi-label: every class with sigmoid >= its threshold ({float(t.min()):.3g}..{float(t.max()):.3g})")
     lines.append(f"  batching: max_batch_size={cfg.max_batch_size}, batch_timeout_ms={cfg.batch_timeout_ms:g}, "
@@ -177,17 +131,17 @@ def server_info(cfg: DictConfig, loaded, onnx_path: str | None) -> dict:
     from vitpipe.tasks.serving.api import explain_choices
 
     info = {"checkpoint": str(loaded.path), "backend": cfg.backend, "onnx_path": onnx_path,
-            "captioner": loaded.captioner, "max_batch_size": cfg.max_batch_size,
+            "captioner": loaded.kind.generates, "max_batch_size": cfg.max_batch_size,
             "batch_timeout_ms": cfg.batch_timeout_ms, "explain": list(explain_choices(loaded))}
-    if loaded.captioner:
+    if loaded.kind.generates:
         return {**info, "task": "caption"}
-    from vitpipe.tasks.predict import label_names
+    from vitpipe.inference.labels import label_names
 
     names = label_names(loaded.built.class_names, int(loaded.net.num_classes))
-    info.update(task="multilabel" if loaded.multilabel else "multiclass", classes=names,
+    info.update(task=loaded.kind.name, classes=names,
                 topk=min(int(cfg.topk), len(names)), tta=cfg.tta,
                 temperature=float(loaded.temperature) if loaded.temperature else None)
-    if loaded.multilabel:
+    if loaded.thresholds is not None:  # multi-label
         info["thresholds"] = {n: float(t) for n, t in zip(names, loaded.thresholds.tolist())}
     return info
 
@@ -218,9 +172,9 @@ def stop_on_sigterm() -> None:
 
 def serve(cfg: DictConfig) -> None:
     """Load, check, print the banner, serve until stopped (Ctrl-C or SIGTERM)."""
-    from vitpipe.tasks.predict import load_predictor
+    from vitpipe.inference.load import load_predictor
 
-    check_options(cfg)
+    preflight(cfg, "serve")  # every option, before litserve is imported or the checkpoint read
     require("litserve", "scripts/serve.py")
     loaded = load_predictor(cfg.ckpt_path, paths=cfg.paths, task_name=cfg.task_name, device="cpu", tta=cfg.tta,
                             threshold=cfg.get("threshold"))

@@ -1,4 +1,6 @@
-"""``visualize(cfg) -> written paths``: the testable body of ``scripts/visualize_attention.py``.
+"""``visualize(cfg) -> written paths``: the testable body of ``scripts/visualize_attention.py``, the command
+(options -> images -> maps -> figures); the images it reads are ``vitpipe.viz.inputs``', the maps
+``vitpipe.inference.explain``'s, the overlays ``vitpipe.viz.overlay``'s.
 
 checkpoint -> network (+ data module) -> images (a folder, or the val/test split) -> maps -> PNGs:
 
@@ -11,7 +13,8 @@ predicted class, or the class ``target=`` names, e.g. one label of a multi-label
 kind ``caption`` (the generated caption, one cross-attention overlay per generated word), plus
 ``rollout``/``heads`` of the ViT encoder when the method asks for them.
 
-``per_image=false`` writes the grids only. ``side_by_side=true`` draws each grid entry as the image beside its overlay, titled with the class names;
+``per_image=false`` writes the grids only. ``side_by_side=true`` draws each grid entry as the image beside its
+overlay, titled with the class names;
 ``faithfulness=true`` (classifiers) also measures rollout and gradient rollout against a random patch order
 by deletion / insertion AUC (vitpipe.viz.faithfulness), prints the table and writes <out>/faithfulness.csv.
 """
@@ -20,83 +23,53 @@ from __future__ import annotations
 
 import math
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from matplotlib.figure import Figure
 from omegaconf import DictConfig
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor
 from tqdm import tqdm
 
 from vitpipe.config.build import resolve_device
-from vitpipe.data.fast import to_model_input
+from vitpipe.config.options import SPLITS
+from vitpipe.config.options import VISUALIZE_METHODS as METHODS  # explain's methods, "heads", "all"
+from vitpipe.config.preflight import preflight
 from vitpipe.data.images import open_image
 from vitpipe.data.preprocess import naflex_settings
 from vitpipe.errors import ConfigError
+from vitpipe.inference.explain import METHODS as EXPLAIN_METHODS
+from vitpipe.inference.explain import explain, method_name
+from vitpipe.inference.labels import class_index
+from vitpipe.kinds import KINDS, TaskKind
 from vitpipe.models.vit import ViT
-from vitpipe.run.checkpoint import load_checkpoint, rebuild
+from vitpipe.run.checkpoint import rebuild
 from vitpipe.run.csvfiles import dict_csv_text
 from vitpipe.run.files import atomic_write_text
 from vitpipe.run.outputs import Input, checkpoint_inputs, prepare_output
 from vitpipe.run.paths import needs_kinds, resolve_ckpt_path
-from vitpipe.viz.faithfulness import FILLS, check_steps, faithfulness_table, format_table
-from vitpipe.viz.overlay import overlay, overlay_grid, save_figure, to_numpy_image, unnormalize
-from vitpipe.viz.rollout import (
-    attention_maps,
-    attention_rollout,
-    check_rollout_options,
-    cross_attention_maps,
-    gradient_rollout,
-)
+from vitpipe.run.stored import config_of, load_checkpoint
+from vitpipe.viz.faithfulness import faithfulness_table, format_table
+from vitpipe.viz.inputs import IMAGE_SUFFIXES, Images, data_stats, folder_images, naflex_display, split_images
+from vitpipe.viz.overlay import overlay, overlay_grid, save_figure, to_numpy_image
+from vitpipe.viz.rollout import attention_maps, cross_attention_maps
 
-METHODS = ("rollout", "gradient", "heads", "all")
-SPLITS = ("val", "test")
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+# what visualize draws, per method= (each also the name of its folder and grid file: <out>/gradient/,
+# gradient_grid.png); the options themselves are checked by preflight(cfg, "visualize")
+__all__ = ["IMAGE_SUFFIXES", "METHODS", "SPLITS", "Images", "class_index", "classifier_maps", "data_stats",
+           "folder_images", "kinds_for", "naflex_display", "split_images", "visualize"]
 
 
-@dataclass
-class Images:
-    """What gets visualised: model inputs, their display form, names, and labels where known."""
-
-    x: Tensor  # (B, in_chans, H, W) normalised model input
-    display: Tensor  # (B, channels, H, W) in [0, 1]
-    names: list[str]
-    labels: list[str] | None = None
+# --------------------------------------------------------------------------- methods
 
 
-# --------------------------------------------------------------------------- checks
-
-
-def check_options(cfg: DictConfig) -> None:
-    """Everything checkable before the checkpoint loads."""
-    if cfg.method not in METHODS:
-        raise ConfigError(f"method={cfg.method!r} is not valid; choose one of {list(METHODS)}")
-    check_rollout_options(head_fusion=cfg.head_fusion, discard_ratio=cfg.discard_ratio)
-    for key in ("num_images", "max_words"):
-        n = cfg.get(key)
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ConfigError(f"{key}={n!r} is not valid; use a positive int, or null for " +
-                              ("every image" if key == "num_images" else "the decoder's max_len"))
-    if cfg.get("faithfulness_fill", "mean") not in FILLS:
-        raise ConfigError(f"faithfulness_fill={cfg.faithfulness_fill!r} is not valid; choose one of {list(FILLS)}")
-    check_steps(cfg.get("faithfulness_steps"))
-    t = cfg.get("target")
-    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, str)) or (isinstance(t, int) and t < 0)):
-        raise ConfigError(f"target={t!r} is not valid; use null (the predicted class), a class name or a class index >= 0")
-    if t is not None and cfg.method not in ("gradient", "all"):
-        raise ConfigError(f"target={t} picks the class gradient rollout explains; use method=gradient (or all)")
-    if cfg.images is None or str(cfg.images) == "":
-        raise ConfigError(f"images is not set; pass a folder of images or a data split: {list(SPLITS)}")
-    if str(cfg.images) not in SPLITS and not Path(str(cfg.images)).is_dir():
-        raise ConfigError(
-            f"images={cfg.images}: neither a folder nor a data split; pass a folder of images or one of {list(SPLITS)}"
-        )
+def canonical(method) -> str:
+    """``method=`` with an explain alias mapped to its canonical name (``vitpipe.inference.explain``)."""
+    return method_name(method) or method
 
 
 def kinds_for(method: str, captioner: bool) -> list[str]:
+    method = canonical(method)
     if not captioner:
         return ["rollout", "gradient", "heads"] if method == "all" else [method]
     if method == "gradient":
@@ -105,79 +78,6 @@ def kinds_for(method: str, captioner: bool) -> list[str]:
             "use method=rollout, heads or all (captions are always drawn)"
         )
     return ["caption", *(["rollout", "heads"] if method == "all" else [method])]
-
-
-# --------------------------------------------------------------------------- images
-
-
-def data_stats(dm, encoder) -> tuple[tuple[float, ...], tuple[float, ...], int]:
-    """(mean, std, channels) the checkpoint's data normalised with."""
-    channels = int(getattr(dm, "channels", encoder.in_chans))
-    mean, std = getattr(dm, "mean", None), getattr(dm, "std", None)
-    if mean is None or std is None:  # caption data sets: ImageNet statistics (1 channel: their average)
-        mean, std = IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-        if channels == 1:
-            mean, std = (sum(mean) / 3,), (sum(std) / 3,)
-    return tuple(mean), tuple(std), channels
-
-
-def folder_images(folder: Path, num_images: int | None, *, encoder, mean, std, channels: int) -> Images:
-    """Images of a folder (sorted by name), resized whole to the model's img_size and normalised."""
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-    if not files:
-        raise ConfigError(
-            f"images={folder} holds no images ({', '.join(IMAGE_SUFFIXES)}); "
-            f"pass a folder of images or a data split: {list(SPLITS)}"
-        )
-    files = files[:num_images]
-    xs = []
-    for f in files:
-        try:
-            # open_image: 16-bit files scaled to 8 bits (a plain convert() clips them to white)
-            pixels = np.asarray(open_image(f, "L" if channels == 1 else "RGB"))
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"cannot read image {f}: {e}; remove it or pass another folder") from None
-        x = torch.from_numpy(pixels.copy())
-        x = x[None] if x.dim() == 2 else x.permute(2, 0, 1)  # (C, h, w) uint8
-        # antialias: photos are usually larger than the model's input, and plain bilinear aliases when shrinking
-        xs.append(to_model_input(x[None], img_size=tuple(encoder.img_size), mean=mean, std=std,
-                                 out_chans=encoder.in_chans, antialias=True))
-    x = torch.cat(xs)  # (B, in_chans, H, W)
-    names = [f"{i:03d}_{f.stem}" for i, f in enumerate(files)]
-    return Images(x, unnormalize(x[:, :channels], mean, std), names)
-
-
-def split_images(dm, split: str, num_images: int | None, *, mean, std, channels: int) -> Images:
-    """The first images of the data module's val or test split, as the model sees them in evaluation."""
-    if dm is None:
-        raise ConfigError(f"images={split}: the checkpoint's data module cannot be built here; pass a folder of images")
-    if hasattr(dm, "check"):
-        dm.check()  # files present (or a ConfigError saying how to get them)
-    dm.setup({"val": "validate", "test": "test"}[split])
-    loader = getattr(dm, f"{split}_dataloader")()
-    xs, labels, seen = [], [], 0
-    for batch in loader:
-        if isinstance(batch, dict):  # captioning: images and reference captions
-            x, batch_labels = batch["images"], [refs[0] for refs in batch["refs"]]
-        else:
-            x, y = batch
-            if getattr(dm, "fast_path", False):  # uint8 on the fast path: the eval transform (no augmentation)
-                x = dm.augment_batch(x, train=False)
-            names = getattr(dm, "class_names", None)
-            if y.ndim == 2:  # multi-label: the true label set
-                batch_labels = [";".join(names[c] if names else str(c) for c in row.nonzero()[:, 0].tolist()) for row in y]
-            else:
-                batch_labels = [names[i] if names else str(i) for i in y.tolist()]
-        xs.append(x)
-        labels += batch_labels
-        seen += len(x)
-        if num_images is not None and seen >= num_images:
-            break
-    if not xs:
-        raise ConfigError(f"images={split}: that split is empty for this data set; pass another split or a folder")
-    x = torch.cat(xs)[:num_images]
-    names = [f"{split}_{i:04d}" for i in range(len(x))]
-    return Images(x, unnormalize(x[:, :channels], mean, std), names, labels[: len(x)])
 
 
 # --------------------------------------------------------------------------- figures
@@ -234,10 +134,11 @@ def _wrap(text: str, width: int = 28) -> str:
 
 
 def classifier_maps(net, x: Tensor, kinds: list[str], *, head_fusion: str, discard_ratio: float,
-                    target: int | None = None, multilabel: bool = False) -> dict:
-    """{kind: maps} for one batch; "heads": (B, heads, h, w), others (B, h, w); plus "probs" (B, classes)
-    (softmax, or a sigmoid per class when ``multilabel``). ``target``: the class gradient rollout explains
-    (None: each image's predicted class)."""
+                    target: int | None = None, kind: TaskKind | None = None) -> dict:
+    """{method: maps} for one batch; "heads": (B, heads, h, w), others (B, h, w); plus "probs" (B, classes),
+    ``kind.probabilities`` of the logits (softmax; a sigmoid per class for a multi-label kind). ``target``: the
+    class gradient rollout explains (None: each image's predicted class); ``kind`` None: multi-class."""
+    kind = kind or KINDS["multiclass"]
     prefix = net.num_prefix_tokens
     query = "cls" if getattr(net, "pool", "cls") == "cls" and prefix >= 1 else "mean"
     grid = tuple(net.grid_size)  # inputs were resized to the model's img_size
@@ -246,15 +147,12 @@ def classifier_maps(net, x: Tensor, kinds: list[str], *, head_fusion: str, disca
         tokens, attentions = net.forward_features(x, return_attn=True)  # explicit-path weights, this call only
         if hasattr(net, "forward_head") and getattr(net, "num_classes", 0) > 0:
             logits = net.forward_head(tokens).float()
-            out["probs"] = logits.sigmoid() if multilabel else logits.softmax(dim=-1)
-    if "rollout" in kinds:
-        out["rollout"] = attention_rollout(attentions, head_fusion=head_fusion, discard_ratio=discard_ratio,
-                                           num_prefix_tokens=prefix, grid_size=grid, query=query)
+            out["probs"] = kind.probabilities(logits)
+    for method in (k for k in EXPLAIN_METHODS if k in kinds):  # the maps serve and the demo draw, the same way
+        out[method] = explain(net, x, method, target=target, head_fusion=head_fusion, discard_ratio=discard_ratio)
     if "heads" in kinds:
         out["heads"] = attention_maps(attentions, layer=-1, num_prefix_tokens=prefix, grid_size=grid,
                                       query=query)[:, 0]  # (B, heads, h, w)
-    if "gradient" in kinds:
-        out["gradient"] = gradient_rollout(net, x, target, discard_ratio=discard_ratio)  # None: the predicted class
     return out
 
 
@@ -275,7 +173,7 @@ def caption_maps(net, tokenizer, x: Tensor, max_words: int | None = None) -> tup
 
 def visualize(cfg: DictConfig) -> list[Path]:
     """Write the attention figures ``cfg`` asks for; returns the paths written."""
-    check_options(cfg)
+    preflight(cfg, "visualize")  # every option, before the checkpoint or an image is read
     device = resolve_device(cfg.device)
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best",
                                   usable=needs_kinds("classifier", "captioner", command="visualize"))
@@ -284,13 +182,13 @@ def visualize(cfg: DictConfig) -> list[Path]:
     prepare_output(cfg.out, [*checkpoint_inputs(ckpt_path, cfg.ckpt_path), *folder], key="out", folder=True)
     checkpoint = load_checkpoint(ckpt_path)
     run = rebuild(checkpoint, ckpt_path, data=cfg.get("data"), paths=cfg.paths, task_name=cfg.task_name)
-    net, dm = run.net, run.datamodule
-    naflex = naflex_settings(checkpoint.get("vitpipe_config"))
+    net, dm, task = run.net, run.datamodule, run.module.kind  # the task kind, chosen once by the module
+    naflex = naflex_settings(config_of(checkpoint))
     if naflex is not None:
         if cfg.get("target") is not None:
             raise ConfigError(f"target={cfg.target}: NaFlex checkpoints draw attention rollout only; drop target")
-        return visualize_naflex(cfg, net, dm, naflex, device)
-    captioner = hasattr(net, "generate")
+        return visualize_naflex(cfg, net, dm, naflex, device, task)
+    captioner = task.generates
     kinds = kinds_for(cfg.method, captioner)
     if cfg.get("faithfulness") and captioner:
         raise ConfigError("faithfulness=true needs a class probability, and this checkpoint is a captioner; "
@@ -300,7 +198,6 @@ def visualize(cfg: DictConfig) -> list[Path]:
         raise ConfigError(f"attention maps need a vitpipe ViT; {ckpt_path} holds a {type(encoder).__name__}")
     mean, std, channels = data_stats(dm, encoder)
     target = class_index(cfg.get("target"), getattr(dm, "class_names", None) or run.class_names, encoder.num_classes)
-    multilabel = bool(getattr(run.module, "multilabel", False))
 
     source = str(cfg.images)
     if source in SPLITS:
@@ -322,7 +219,7 @@ def visualize(cfg: DictConfig) -> list[Path]:
         sl = slice(start, start + cfg.batch_size)
         x = images.x[sl].to(device)
         maps = classifier_maps(encoder, x, [k for k in kinds if k != "caption"], head_fusion=cfg.head_fusion,
-                               discard_ratio=cfg.discard_ratio, target=target, multilabel=multilabel)
+                               discard_ratio=cfg.discard_ratio, target=target, kind=task)
         maps = {k: v.cpu() for k, v in maps.items()}
         if captioner:
             words, word_maps = caption_maps(net, tokenizer, x, cfg.max_words)
@@ -364,26 +261,16 @@ def visualize(cfg: DictConfig) -> list[Path]:
     return written
 
 
-def naflex_display(item: dict, patch_size, mean, std, channels: int) -> Tensor:
-    """The image a patch dict holds, as the model saw it (its own grid, its own aspect): (channels, h*p, w*q) in [0, 1]."""
-    p, q = patch_size
-    h, w = (item["patch_coord"].amax(dim=0) + 1).tolist()
-    C = item["patches"].shape[-1] // (p * q)
-    x = item["patches"].reshape(h, w, p, q, C).permute(4, 0, 2, 1, 3).reshape(C, h * p, w * q)  # row-major patches
-    return unnormalize(x[None, :channels], mean, std)[0]
-
-
-def visualize_naflex(cfg: DictConfig, net, dm, naflex: dict, device: torch.device) -> list[Path]:
+def visualize_naflex(cfg: DictConfig, net, dm, naflex: dict, device: torch.device, task: TaskKind) -> list[Path]:
     """A NaFlex checkpoint: each file of ``images=<folder>`` patchified at its own aspect (the predict rule,
     ``vitpipe.data.preprocess``), batches padded, attention rollout on each image's own grid, overlays drawn
     at each image's aspect. Rollout only (``method=rollout`` or ``all``)."""
     from vitpipe.data.preprocess import Preprocess
     from vitpipe.nn.naflex import pad_batch
-    from vitpipe.viz.rollout import naflex_rollout_for_model
 
-    if hasattr(net, "generate") or not isinstance(net, ViT):
+    if task.generates or not isinstance(net, ViT):
         raise ConfigError("attention maps of a NaFlex checkpoint need a vitpipe ViT classifier")
-    if cfg.method not in ("rollout", "all") or cfg.get("faithfulness"):
+    if canonical(cfg.method) not in ("rollout", "all") or cfg.get("faithfulness"):
         raise ConfigError(f"method={cfg.method} (faithfulness={cfg.get('faithfulness')}) on a NaFlex checkpoint: its "
                           "images have one grid each, and visualize draws attention rollout for them; use method=rollout")
     if str(cfg.images) in SPLITS:
@@ -407,9 +294,9 @@ def visualize_naflex(cfg: DictConfig, net, dm, naflex: dict, device: torch.devic
     for start in range(0, len(items), cfg.batch_size):
         chunk = items[start : start + cfg.batch_size]
         batch = {k: v.to(device) for k, v in pad_batch(chunk).items()}
-        rollouts = naflex_rollout_for_model(net, batch, head_fusion=cfg.head_fusion, discard_ratio=cfg.discard_ratio)
+        rollouts = explain(net, batch, "rollout", head_fusion=cfg.head_fusion, discard_ratio=cfg.discard_ratio)
         with torch.no_grad():
-            probs = net(batch).float().softmax(dim=-1).cpu()
+            probs = task.probabilities(net(batch).float()).cpu()
         for j, (item, m) in enumerate(zip(chunk, rollouts)):
             i = start + j
             name, (pr, c) = f"{i:03d}_{files[i].stem}", probs[j].max(dim=0)
@@ -446,21 +333,6 @@ def write_faithfulness(net, x: Tensor, out: Path, cfg: DictConfig, device: torch
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "faithfulness.csv", text)
     return out / "faithfulness.csv"
-
-
-def class_index(target, names, num_classes: int) -> int | None:
-    """``target=`` as a class index: None stays None (the predicted class); a class name or an index in range."""
-    if target is None:
-        return None
-    if isinstance(target, str) and names and target in [str(n) for n in names]:
-        return [str(n) for n in names].index(target)
-    if isinstance(target, str) and target.isdigit():
-        target = int(target)
-    if isinstance(target, int) and 0 <= target < num_classes:
-        return target
-    shown = ", ".join(map(str, (names or [])[:10])) + (", ..." if names and len(names) > 10 else "")
-    raise ConfigError(f"target={target!r} is not a class of this checkpoint; use a class index 0..{num_classes - 1}"
-                      + (f" or a name ({shown})" if names else ""))
 
 
 def _class_name(dm, index: int) -> str:

@@ -17,9 +17,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor
 
+from vitpipe.config.options import check_rollout_settings
 from vitpipe.errors import ConfigError
 from vitpipe.viz.overlay import overlay_grid, save_figure, unnormalize
-from vitpipe.viz.rollout import _eval_mode, check_rollout_options, rollout_for_model
+from vitpipe.viz.rollout import _eval_mode, rollout_for_model
 
 
 class RolloutCallback(L.Callback):
@@ -48,7 +49,7 @@ class RolloutCallback(L.Callback):
             raise ConfigError(f"callbacks.rollout.every_n_epochs={every_n_epochs!r}: use an int >= 1")
         if not isinstance(num_images, int) or num_images < 1:
             raise ConfigError(f"callbacks.rollout.num_images={num_images!r}: use an int >= 1")
-        check_rollout_options(head_fusion=head_fusion, discard_ratio=discard_ratio)  # now, not after epoch 0
+        check_rollout_settings(head_fusion=head_fusion, discard_ratio=discard_ratio)  # now, not after epoch 0
         self.every_n_epochs, self.num_images = every_n_epochs, num_images
         self.head_fusion, self.discard_ratio = head_fusion, discard_ratio
         self.dirpath = dirpath

@@ -22,9 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from vitpipe.config.options import FILLS
 from vitpipe.errors import ConfigError
-
-FILLS = ("mean", "blur")
 
 
 def fill_image(x: Tensor, fill: str) -> Tensor:
@@ -122,10 +121,5 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def check_steps(steps) -> None:
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise ConfigError(f"faithfulness_steps={steps!r} is not valid; use a positive int, or null for one per patch")
-
-
-__all__ = ["FILLS", "auc", "deletion_insertion", "faithfulness_table", "fill_image", "format_table",
+__all__ = ["auc", "deletion_insertion", "faithfulness_table", "fill_image", "format_table",
            "perturbation_curves", "random_maps"]

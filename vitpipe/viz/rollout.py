@@ -29,6 +29,10 @@ Where this differs from the widely copied vit-explain code, on purpose:
 
 The returned maps are raw rollout weights (not rescaled); ``viz.overlay``
 min-max normalises them for display.
+
+One file of a little over 400 lines on purpose: the three readings (rollout, gradient rollout, raw and
+cross-attention maps) share the input checks, head fusion, discard rule and recursion above, and the
+differences from vit-explain listed here are read against all of them at once.
 """
 
 from __future__ import annotations
@@ -40,9 +44,9 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
+from vitpipe.config.options import FUSIONS, check_rollout_settings
 from vitpipe.errors import ConfigError
 
-FUSIONS = ("mean", "max", "min")
 QUERIES = ("cls", "mean")
 
 
@@ -52,14 +56,6 @@ QUERIES = ("cls", "mean")
 def _check_choice(name: str, value, choices: Sequence[str]) -> None:
     if value not in choices:
         raise ConfigError(f"{name}={value!r} is not valid; choose one of {list(choices)}")
-
-
-def check_rollout_options(*, head_fusion: str = "mean", discard_ratio: float = 0.0) -> None:
-    """The one rule for the rollout options, applied where they enter: the functions below, and
-    ahead of any data by ``visualize`` and ``RolloutCallback``."""
-    _check_choice("head_fusion", head_fusion, FUSIONS)
-    if isinstance(discard_ratio, bool) or not isinstance(discard_ratio, (int, float)) or not 0 <= discard_ratio < 1:
-        raise ConfigError(f"discard_ratio={discard_ratio!r} is not valid; use a number in [0, 1)")
 
 
 def _resolve_query(query: str | None, num_prefix_tokens: int) -> str:
@@ -185,7 +181,7 @@ def attention_rollout(
         for mean-pooled models); None picks "cls" when num_prefix_tokens >= 1.
     Returns (B, h, w) float.
     """
-    check_rollout_options(head_fusion=head_fusion, discard_ratio=discard_ratio)
+    check_rollout_settings(head_fusion=head_fusion, discard_ratio=discard_ratio)
     _, _, n = _check_attentions(attentions, num_prefix_tokens)
     query = _resolve_query(query, num_prefix_tokens)
     h, w = _resolve_grid(n - num_prefix_tokens, grid_size)
@@ -244,7 +240,7 @@ def cross_attention_maps(
     layer_fusion: "mean" | "max" | "min" | "last", or a layer index.
     Returns (B, T, h, w).
     """
-    check_rollout_options(head_fusion=head_fusion)
+    check_rollout_settings(head_fusion=head_fusion)
     if not isinstance(layer_fusion, int):
         _check_choice("layer_fusion", layer_fusion, (*FUSIONS, "last"))
     if not isinstance(cross_attn, Tensor):
@@ -400,7 +396,7 @@ def gradient_rollout(
     is computed (no ``.grad`` is written). num_prefix_tokens, grid_size and
     query come from the model unless given, as in ``rollout_for_model``.
     """
-    check_rollout_options(discard_ratio=discard_ratio)
+    check_rollout_settings(discard_ratio=discard_ratio)
     prefix, grid, query = _model_readout(model, x, num_prefix_tokens, grid_size, query)
     with torch.enable_grad(), _eval_mode(model):
         x = x.detach().requires_grad_(True)

@@ -1,12 +1,12 @@
-"""``ImageAPI``: LitServe's LitAPI over the predict path (``vitpipe.tasks.predict``).
+"""``ImageAPI``: LitServe's LitAPI over the predict path (the ``vitpipe.inference`` library predict calls).
 
 ``setup`` loads the checkpoint as ``scripts/predict.py`` does (``load_predictor``: the resolver, the
 safe loader, the eval transform, the calibration temperature); ``decode_request`` turns one request
 into the transformed image or a ``RequestError``; ``predict`` runs the good ones of a batch as one
 forward pass (``class_probs``, or ``captions``); ``encode_response`` answers each request on its own:
 ``{"labels", "probs"}`` (plus ``"explain"``) or ``{"caption"}``; for a multi-label checkpoint ``labels``
-are every class at or above its threshold, with ``"topk": {"labels", "probs"}`` (``label_sets``), with the number of requests its batch
-held in the ``X-Batch-Size`` header; a refused request gets its status and ``{"detail": "..."}``.
+are every class at or above its threshold, with ``"topk": {"labels", "probs"}`` (``label_sets``), with the
+number of requests its batch held in the ``X-Batch-Size`` header; a refused request gets its status and ``{"detail": "..."}``.
 """
 
 from __future__ import annotations
@@ -22,36 +22,37 @@ from fastapi.responses import JSONResponse
 from omegaconf import OmegaConf
 from PIL import Image
 
-from vitpipe.tasks.predict import (
-    captions,
-    class_probs,
-    label_names,
-    label_sets,
-    load_predictor,
-    to_device,
-    top_labels,
-)
+from vitpipe.inference.explain import explain, method_name, methods_for
+from vitpipe.inference.images import to_device
+from vitpipe.inference.labels import label_names, label_sets, top_labels
+from vitpipe.inference.load import captions, load_predictor
+from vitpipe.inference.probs import class_probs
 from vitpipe.tasks.serving.decode import Refused, RequestError, image_bytes, read_image
 
 BATCH_HEADER = "X-Batch-Size"
+# a classifier's answers per kind (``kind.name``) from (probabilities, names, the Predictor, topk): the top-k
+# ranking, or the label set at the Predictor's thresholds with the top-k beside it
+BODIES = {
+    "multiclass": lambda probs, names, loaded, topk: top_labels(probs, names, topk),
+    "multilabel": lambda probs, names, loaded, topk: label_sets(probs, names, loaded.thresholds, topk),
+}
 
 
 def explain_choices(loaded) -> tuple[str, ...]:
-    """What ``explain`` can draw for a ``load_predictor`` result: both rollouts for a fixed-size classifier,
-    attention rollout on each image's own grid for a NaFlex one, nothing for a captioner or a network
-    without attention (``model=timm``, e.g. a CNN)."""
-    from vitpipe.models.vit import ViT
-
-    if loaded.captioner or not isinstance(loaded.net, ViT):
+    """What ``explain`` can draw for a ``load_predictor`` result (canonical names,
+    ``vitpipe.inference.explain.methods_for``): both rollouts for a fixed-size classifier, attention rollout
+    on each image's own grid for a NaFlex one, nothing for a captioner or a network without attention
+    (``model=timm``, e.g. a CNN)."""
+    if not loaded.kind.classifies:
         return ()
-    return ("rollout",) if loaded.preprocess.max_seq_len is not None else ("rollout", "gradient_rollout")
+    return methods_for(loaded.net, naflex=loaded.preprocess.max_seq_len is not None)
 
 
 @dataclass
 class Decoded:
     x: object  # (C, H, W) tensor or a NaFlex patch dict
     image: Image.Image | None  # kept for explain (the overlay is drawn on it)
-    explain: str | None
+    explain: str | None  # the method's canonical name (vitpipe.inference.explain)
 
 
 @dataclass
@@ -91,7 +92,7 @@ class ImageAPI(ls.LitAPI):
         self.device = torch.device(device)
         net = self.loaded.net
         self.model = OnnxNet(self.onnx_path, getattr(net, "patch_size", None)) if self.onnx_path else net
-        self.names = None if self.loaded.captioner else label_names(self.loaded.built.class_names, int(net.num_classes))
+        self.names = label_names(self.loaded.built.class_names, int(net.num_classes)) if self.loaded.kind.classifies else None
         self.explain_choices = explain_choices(self.loaded)
 
     # ------------------------------------------------------------------ one request
@@ -100,14 +101,16 @@ class ImageAPI(ls.LitAPI):
         """The parsed body -> ``Decoded``, or the ``RequestError`` it is refused with."""
         try:
             explain = request.get("explain") if hasattr(request, "get") else None
-            if explain is not None and explain not in self.explain_choices:
+            if explain is not None and method_name(explain) not in self.explain_choices:
                 valid = ", ".join(self.explain_choices) or "none for this checkpoint"
                 raise Refused(400, f"explain={explain!r} is not available; valid: {valid}")
+            explain = None if explain is None else method_name(explain)
             image = read_image(image_bytes(request), self.loaded.preprocess.spec.mode)
             try:
                 x = self.loaded.preprocess(image)
             except Exception as e:  # noqa: BLE001 - an image the transform cannot take (e.g. too small to patchify)
-                raise Refused(422, f"the image cannot be preprocessed ({(str(e).splitlines() or [type(e).__name__])[0]})")
+                why = (str(e).splitlines() or [type(e).__name__])[0]
+                raise Refused(422, f"the image cannot be preprocessed ({why})") from None
             return Decoded(x=x, image=image if explain else None, explain=explain)
         except Refused as e:
             return e.error
@@ -128,13 +131,12 @@ class ImageAPI(ls.LitAPI):
         if good:
             batch = to_device(self.loaded.preprocess.collate([items[i].x for i in good]), self.device)
             with torch.inference_mode():
-                if self.loaded.captioner:
+                kind = self.loaded.kind
+                if kind.generates:
                     bodies = [{"caption": c} for c in captions(self.loaded, batch)]
                 else:
-                    probs = class_probs(self.model, batch, tta=self.tta, temperature=self.loaded.temperature,
-                                        multilabel=self.loaded.multilabel)
-                    bodies = (label_sets(probs.cpu(), self.names, self.loaded.thresholds, self.topk)
-                              if self.loaded.multilabel else top_labels(probs.cpu(), self.names, self.topk))
+                    probs = class_probs(self.model, batch, kind=kind, tta=self.tta, temperature=self.loaded.temperature)
+                    bodies = BODIES[kind.name](probs.cpu(), self.names, self.loaded, self.topk)
             for i, body in zip(good, bodies):
                 out[i] = Answer(body=body, batch_size=len(items))
                 if items[i].explain:
@@ -145,21 +147,16 @@ class ImageAPI(ls.LitAPI):
         return out if isinstance(x, list) else out[0]
 
     def explain(self, item: Decoded) -> dict:
-        """``{"method", "grid": [[...]] (h, w), "png": base64 PNG of the map over the image}`` (torch network)."""
+        """``{"method", "grid": [[...]] (h, w), "png": base64 PNG of the map over the image}`` (torch network);
+        ``method`` is the canonical name (``gradient_rollout`` is answered as ``gradient``)."""
         from vitpipe.nn.naflex import pad_batch
         from vitpipe.viz.overlay import overlay
-        from vitpipe.viz.rollout import gradient_rollout, naflex_rollout_for_model, rollout_for_model
 
-        net, kw = self.loaded.net, dict(discard_ratio=self.discard_ratio)
-        if isinstance(item.x, dict):  # NaFlex: the image on its own grid (the edge offers rollout only)
-            grid = naflex_rollout_for_model(net, to_device(pad_batch([item.x]), self.device),
-                                            head_fusion=self.head_fusion, **kw)[0]
-        elif item.explain == "rollout":
-            grid = rollout_for_model(net, item.x[None].to(self.device), head_fusion=self.head_fusion, **kw)[0]
-        else:
-            with torch.inference_mode(False), torch.enable_grad():
-                grid = gradient_rollout(net, item.x[None].to(self.device).clone(), **kw)[0]  # predicted class
-        grid = grid.detach().float().cpu()  # (h, w)
+        # a batch of one: NaFlex (the edge offers rollout only) on the image's own grid; gradient: the predicted class
+        x = to_device(pad_batch([item.x]), self.device) if isinstance(item.x, dict) else item.x[None].to(self.device)
+        grid = explain(self.loaded.net, x, item.explain, head_fusion=self.head_fusion,
+                       discard_ratio=self.discard_ratio)[0]
+        grid = grid.float().cpu()  # (h, w)
         blended = overlay(item.image, grid)  # (H, W, 3) in [0, 1]
         buf = io.BytesIO()
         Image.fromarray((blended * 255).round().astype(np.uint8)).save(buf, format="PNG")

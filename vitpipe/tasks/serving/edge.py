@@ -19,6 +19,7 @@ import json
 import re
 from urllib.parse import parse_qs
 
+from vitpipe.inference.explain import method_name
 from vitpipe.run.jsonfiles import JSONInputError, loads
 
 CONTENT_TYPES = ("application/json", "multipart/form-data")
@@ -105,8 +106,8 @@ class RequestGate:
         if not values:
             return None, None
         value = values[-1]
-        if value in self.explain_choices:
-            return value, None
+        if method_name(value) in self.explain_choices:  # any spelling; the worker gets the canonical name
+            return method_name(value), None
         valid = ", ".join(self.explain_choices) if self.explain_choices else "none for this checkpoint"
         return None, f"explain={value!r} is not available; valid: {valid}"
 
