@@ -1,8 +1,8 @@
-"""Benchmark training/inference throughput, peak memory and MFU (body: vitpipe/tasks/benchmark.py)."""
+"""Benchmark training/inference throughput, peak memory and MFU (body: vitpipe/benchmark/run.py)."""
 
 import sys
 
-from vitpipe.tasks.benchmark import main
+from vitpipe.benchmark.run import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,8 +1,7 @@
-"""The benchmark (scripts/benchmark.py, its tools in vitpipe.tasks.bench) and the experiment recipes."""
+"""The benchmark (scripts/benchmark.py, its body the package vitpipe.benchmark) and the experiment recipes."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import pickle
@@ -14,26 +13,32 @@ import torch
 import torchvision
 from hydra.utils import instantiate
 
+from vitpipe.benchmark.common import (
+    StepMemory,
+    flops_per_image,
+    interleave_steps,
+    max_logit_diff,
+    paired_ratio,
+    paired_repeat_ratio,
+    peak_tflops,
+    random_batch,
+    train_step,
+)
+from vitpipe.benchmark.config import BenchConfig
+from vitpipe.benchmark.naflex import naflex_batches
+from vitpipe.benchmark.recipe import optimizer, recipe
+from vitpipe.benchmark.run import SCHEMA, main, run
+from vitpipe.benchmark.table import format_table
+from vitpipe.benchmark.vit import build_pair
 from vitpipe.data.fashion_mnist import DEBIAN_DIR
 from vitpipe.errors import ConfigError
 from vitpipe.lit.distill import load_teacher
 from vitpipe.nn.patch_embed import ConvStem
 from vitpipe.nn.pos_embed import SinCos2DPosEmbed
-from vitpipe.tasks.bench import (
-    StepMemory,
-    flops_per_image,
-    interleave_steps,
-    paired_ratio,
-    paired_repeat_ratio,
-    peak_tflops,
-)
-from vitpipe.tasks.train import build, train
+from vitpipe.run.build import build_from_config
+from vitpipe.tasks.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = vars(importlib.import_module("vitpipe.tasks.benchmark"))  # scripts/benchmark.py is its thin wrapper
-SCHEMA, BenchConfig, format_table, run = (BENCH[k] for k in ("SCHEMA", "BenchConfig", "format_table", "run"))
-build_pair, random_batch, train_step, max_logit_diff = (BENCH[k] for k in ("build_pair", "random_batch", "train_step",
-                                                                          "max_logit_diff"))
 TINY = dict(variant="vit_micro", batch_size=4, steps=2, warmup=1, repeats=1, workers=0)
 PHASES = {"vit": ("train", "infer"), "lightning": ("train",), "data": ("load",), "switches": ("train",)}
 
@@ -99,7 +104,7 @@ def test_mae_comparison_refuses_a_variant_without_an_mae():
 
 def test_naflex_comparison_times_mixed_aspect_dicts_against_the_fixed_path_and_timm():
     cfg = BenchConfig(**TINY)
-    batches = BENCH["naflex_batches"](cfg)
+    batches = naflex_batches(cfg)
     mixed, seq = batches["mixed"][0], 64  # vit_micro: 32 px / 4 = an 8x8 grid at most
     valid = mixed["patch_valid"]
     grids = {tuple(g) for g in ((mixed["patch_coord"] * valid[..., None]).amax(1) + 1).tolist()}
@@ -124,7 +129,6 @@ def test_naflex_comparison_times_mixed_aspect_dicts_against_the_fixed_path_and_t
 
 
 def test_cli_writes_json_and_rejects_bad_names(tmp_path, capsys):
-    main = BENCH["main"]
     out = tmp_path / "r.json"
     argv = ["--variant", "vit_micro", "--batch-size", "4", "--steps", "2", "--warmup", "1", "--repeats", "1",
             "--only", "vit", "--out", str(out)]
@@ -156,9 +160,9 @@ def test_harness_pair_is_the_same_network():
     ours.load_state_dict(renamed(theirs.state_dict()))
     x, y = random_batch(cfg)
     assert max_logit_diff(ours, theirs, x) < 1e-5
-    recipe = BENCH["recipe"](cfg)
+    train_cfg = recipe(cfg)
     for net in (ours, theirs):
-        train_step(net.train(), BENCH["optimizer"](recipe, net), x, y, cfg)()
+        train_step(net.train(), optimizer(train_cfg, net), x, y, cfg)()
     assert max_logit_diff(ours, theirs, x) < 1e-4
 
 
@@ -278,7 +282,7 @@ def test_cifar10_recipe_composes_and_fast_dev_runs_on_cpu(cfg_factory, tmp_path,
     cfg = cfg_factory("experiment=cifar10_vit", "debug=fast", "trainer.fast_dev_run=true", "data.num_workers=0",
                       "data.val_split=8", "data.pin_memory=false", sub="dev")
     write_cifar10(Path(cfg.paths.data_dir), per_batch=8, n_test=16)
-    dm, net, module = build(cfg)
+    dm, net, module = build_from_config(cfg)
     assert module.mixup is not None and dm.auto_augment == "rand-m9-n2-mstd0.5"
     metrics = train(cfg)
     assert math.isfinite(metrics["test/loss"]) and 0.0 <= metrics["test/acc"] <= 1.0

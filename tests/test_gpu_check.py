@@ -7,7 +7,6 @@ commands from ``gpu_check.sh --print-steps``, which runs nothing."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import re
 import shlex
 import subprocess
@@ -41,7 +40,7 @@ def test_both_scripts_parse():
 
 @pytest.mark.parametrize("mode", ["gpu", "cpu-dry-run"])
 def test_every_step_names_what_exists(mode, tmp_path):
-    from vitpipe.config.build import check_config
+    from vitpipe.config.preflight import check_config
     from vitpipe.report.evaluation import eval_options
 
     steps = printed_steps(*(["--cpu-dry-run"] if mode == "cpu-dry-run" else []))
@@ -62,15 +61,17 @@ def test_every_step_names_what_exists(mode, tmp_path):
     assert len([n for n in dir(test_gpu) if n.startswith("test_")]) >= 10
 
     # benchmark commands: benchmark.py's own parser and its BenchConfig checks (on this machine's device)
-    bench = vars(importlib.import_module("vitpipe.tasks.benchmark"))  # scripts/benchmark.py wraps it
+    from vitpipe.benchmark.config import BenchConfig
+    from vitpipe.benchmark.run import COMPARISONS, parse_args  # scripts/benchmark.py wraps it
+
     for name in [n for n in steps if n.startswith("bench_")]:
         argv = steps[name]
         assert argv[1] == "scripts/benchmark.py", name
-        args = bench["parse_args"](argv[2:])
+        args = parse_args(argv[2:])
         assert args.device == ("cuda" if mode == "gpu" else "cpu") and args.out
         only = args.only.split(",")
-        assert set(only) <= set(bench["COMPARISONS"]), name
-        cfg = bench["BenchConfig"](variant=args.variant, batch_size=args.batch_size, precision=args.precision,
+        assert set(only) <= set(COMPARISONS), name
+        cfg = BenchConfig(variant=args.variant, batch_size=args.batch_size, precision=args.precision,
                                    device="cpu", steps=args.steps, warmup=args.warmup, repeats=args.repeats,
                                    workers=args.workers, switches=tuple(n for n in args.switches.split(",") if n))
         assert dataclasses.asdict(cfg)["variant"] == ("vit_b16" if mode == "gpu" else "vit_micro")

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import logging
-from functools import partial
 
 import pytest
 import torch
-from timm.layers import PatchEmbed
-from timm.models.vision_transformer import Block
 from torch import nn
 
+from vitpipe.benchmark.reference_mae import ReferenceMAE
 from vitpipe.errors import ConfigError
 from vitpipe.models import (
     MAE_VARIANTS,
@@ -21,7 +19,7 @@ from vitpipe.models import (
     load_official,
 )
 from vitpipe.models.registry import mae_kwargs, variant_value
-from vitpipe.models.timm_compat import load_pretrained
+from vitpipe.models.weights import load_pretrained
 from vitpipe.nn.pos_embed import POS_EMBED_KINDS
 
 TINY = dict(img_size=8, patch_size=2, in_chans=3, embed_dim=32, depth=2, num_heads=2,
@@ -134,77 +132,37 @@ def test_norm_pix_loss_is_per_patch_normalised_mse():
     loss, pred, mask = m(x, 0.5, torch.rand(2, 16))
     total, count = 0.0, 0
     for b in range(2):
-        for l in range(16):
-            i, j = divmod(l, 4)
+        for patch in range(16):
+            i, j = divmod(patch, 4)
             t = x[b, :, 2 * i:2 * i + 2, 2 * j:2 * j + 2].permute(1, 2, 0).flatten()
             t = (t - t.mean()) / torch.sqrt(t.var(unbiased=True) + 1e-6)
-            if mask[b, l]:
-                total, count = total + ((pred[b, l] - t) ** 2).mean(), count + 1
+            if mask[b, patch]:
+                total, count = total + ((pred[b, patch] - t) ** 2).mean(), count + 1
     torch.testing.assert_close(loss, total / count)
     m.norm_pix_loss = False
     assert not torch.allclose(m.forward_loss(x, pred, mask), loss)
 
 
-# ---- the facebookresearch/mae format: a plain re-implementation of models_mae.py on timm's Block
-class Reference(nn.Module):
-    def __init__(self, img=8, p=2, C=3, D=128, depth=2, Dd=64, ddepth=2, dheads=16, full=True):
-        super().__init__()
-        norm = partial(nn.LayerNorm, eps=1e-6)
-        L = (img // p) ** 2
-        self.patch_embed = PatchEmbed(img, p, C, D)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
-        self.pos_embed = nn.Parameter(torch.zeros(1, 1 + L, D), requires_grad=False)
-        self.blocks = nn.ModuleList(Block(D, D // 64, 4.0, qkv_bias=True, norm_layer=norm) for _ in range(depth))
-        self.norm = norm(D)
-        if full:
-            self.decoder_embed = nn.Linear(D, Dd)
-            self.mask_token = nn.Parameter(torch.zeros(1, 1, Dd))
-            self.decoder_pos_embed = nn.Parameter(torch.zeros(1, 1 + L, Dd), requires_grad=False)
-            self.decoder_blocks = nn.ModuleList(Block(Dd, dheads, 4.0, qkv_bias=True, norm_layer=norm)
-                                                for _ in range(ddepth))
-            self.decoder_norm = norm(Dd)
-            self.decoder_pred = nn.Linear(Dd, p * p * C)
-        torch.manual_seed(3)
-        for name, t in self.state_dict().items():  # random weights everywhere (norms around 1)
+# ---- the facebookresearch/mae format: the MAE paper's reference forward (models_mae.py on timm's Block),
+# the one copy the benchmark's MAE comparison times too
+def reference() -> ReferenceMAE:
+    """A small reference MAE (2 heads of 64 as the paper's sizes: embed_dim // 64) with random weights
+    everywhere (norms around 1), so every tensor of a checkpoint saved from it matters."""
+    ref = ReferenceMAE(img_size=8, patch_size=2, in_chans=3, embed_dim=128, depth=2, num_heads=128 // 64,
+                       decoder_embed_dim=64, decoder_depth=2, decoder_num_heads=16)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, t in ref.state_dict().items():
             t.copy_(torch.randn_like(t) * 0.1 + (1.0 if name.endswith("norm.weight") or "norm1.w" in name
                                                   or "norm2.w" in name else 0.0))
-
-    def encoder(self, imgs, ratio, noise):
-        x = self.patch_embed(imgs) + self.pos_embed[:, 1:]
-        N, L, D = x.shape
-        keep = int(L * (1 - ratio))
-        ids_shuffle = noise.argsort(1)
-        ids_restore = ids_shuffle.argsort(1)
-        x = x.gather(1, ids_shuffle[:, :keep, None].expand(-1, -1, D))
-        mask = torch.ones(N, L)
-        mask[:, :keep] = 0
-        x = torch.cat([(self.cls_token + self.pos_embed[:, :1]).expand(N, -1, -1), x], 1)
-        for blk in self.blocks:
-            x = blk(x)
-        return self.norm(x), mask.gather(1, ids_restore), ids_restore
-
-    def forward(self, imgs, ratio, noise, norm_pix):
-        latent, mask, ids_restore = self.encoder(imgs, ratio, noise)
-        y = self.decoder_embed(latent)
-        N, L, Dd = y.shape[0], ids_restore.shape[1], y.shape[2]
-        y_ = torch.cat([y[:, 1:], self.mask_token.repeat(N, L + 1 - y.shape[1], 1)], 1)
-        y = torch.cat([y[:, :1], y_.gather(1, ids_restore[..., None].expand(-1, -1, Dd))], 1) + self.decoder_pos_embed
-        for blk in self.decoder_blocks:
-            y = blk(y)
-        pred = self.decoder_pred(self.decoder_norm(y))[:, 1:]
-        p, h = 2, imgs.shape[2] // 2
-        target = torch.einsum("nchpwq->nhwpqc", imgs.reshape(N, 3, h, p, h, p)).reshape(N, h * h, p * p * 3)
-        if norm_pix:
-            target = (target - target.mean(-1, keepdim=True)) / (target.var(-1, keepdim=True) + 1e-6) ** 0.5
-        loss = ((((pred - target) ** 2).mean(-1)) * mask).sum() / mask.sum()
-        return loss, pred, mask, latent
+    return ref
 
 
 @pytest.fixture(scope="module")
 def official(tmp_path_factory):
     """(reference module, full .pth, encoder-only .pth), saved as facebookresearch/mae does: {"model": sd}."""
     d = tmp_path_factory.mktemp("official")
-    ref = Reference().eval()
+    ref = reference().eval()
     torch.save({"model": ref.state_dict()}, d / "mae_pretrain_vit_tiny_full.pth")
     enc = {k: v for k, v in ref.state_dict().items() if not k.startswith(("decoder_", "mask_token"))}
     torch.save({"model": enc}, d / "mae_pretrain_vit_tiny.pth")
@@ -218,8 +176,9 @@ def test_official_full_checkpoint_matches_the_reference(official, norm_pix):
     assert (m.embed_dim, len(m.blocks), m.blocks[0].attn.num_heads, m.patch_size, m.img_size) == (128, 2, 2, (2, 2), (8, 8))
     assert len(m.decoder_blocks) == 2 and m.decoder_pred.out_features == 12 and not m.pos_embed.weight.requires_grad
     x, noise = torch.randn(2, 3, 8, 8), torch.rand(2, 16)
+    ref.norm_pix_loss = norm_pix
     with torch.no_grad():
-        want = ref(x, 0.75, noise, norm_pix)
+        want = (*ref(x, 0.75, noise), ref.forward_encoder(x, 0.75, noise)[0])  # loss, pred, mask, latent
         got = m(x, 0.75, noise)
         latent = m.forward_encoder(x, 0.75, noise)[0]
     torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
@@ -235,7 +194,7 @@ def test_official_encoder_only_checkpoint_gets_a_fresh_decoder(official, caplog)
     assert "holds the encoder only; the decoder (16 wide, 1 deep, 16 heads) is freshly initialised" in caplog.text
     x, noise = torch.randn(2, 3, 8, 8), torch.rand(2, 16)
     with torch.no_grad():
-        torch.testing.assert_close(m.forward_encoder(x, 0.5, noise)[0], ref.encoder(x, 0.5, noise)[0],
+        torch.testing.assert_close(m.forward_encoder(x, 0.5, noise)[0], ref.forward_encoder(x, 0.5, noise)[0],
                                    atol=1e-5, rtol=1e-5)
         assert torch.isfinite(m(x)[0])
 
@@ -260,7 +219,7 @@ def test_official_encoder_loads_into_a_vit_classifier(official, which, caplog):
     path = official[which]
     mae = load_official(path, **({} if which == 1 else dict(decoder_embed_dim=16, decoder_depth=1))).eval()
     vit = ViT(**mae.encoder_kwargs(), num_classes=5).eval()
-    with caplog.at_level(logging.INFO, logger="vitpipe.models.timm_compat"):
+    with caplog.at_level(logging.INFO, logger="vitpipe.models.weights"):
         load_pretrained(vit, path)
     line = [r.getMessage() for r in caplog.records if r.getMessage().startswith("pretrained: ")][-1]
     assert line.endswith("new: head.weight, head.bias")
@@ -283,7 +242,7 @@ def test_vitpipe_mae_checkpoint_loads_into_a_vit_classifier(kind, form, tmp_path
     # a LightningModule's checkpoint names the network's tensors net.*
     torch.save({"state_dict": {f"net.{k}": v for k, v in sd.items()}} if form == "ckpt" else sd, path)
     vit = ViT(**mae.encoder_kwargs(), num_classes=3).eval()
-    with caplog.at_level(logging.INFO, logger="vitpipe.models.timm_compat"):
+    with caplog.at_level(logging.INFO, logger="vitpipe.models.weights"):
         load_pretrained(vit, path)
     n_dec = sum(k.startswith(("decoder_", "mask_token")) for k in sd)
     assert f"{len(sd) - n_dec} tensors loaded from {path.name} (an MAE: its decoder's {n_dec} tensors dropped); " \
@@ -354,7 +313,7 @@ def test_mean_pool_mae_loads_into_its_mean_pool_classifier(tmp_path, caplog):
     torch.save(mae.state_dict(), tmp_path / "mae.pth")
     vit = ViT(**mae.encoder_kwargs(), num_classes=3).eval()
     assert mae.encoder_kwargs()["pool"] == "mean" and isinstance(vit.norm, nn.Identity)
-    with caplog.at_level(logging.INFO, logger="vitpipe.models.timm_compat"):
+    with caplog.at_level(logging.INFO, logger="vitpipe.models.weights"):
         load_pretrained(vit, tmp_path / "mae.pth")
     assert "new: fc_norm.weight, fc_norm.bias, head.weight, head.bias" in caplog.text
     x = torch.randn(2, 3, 8, 8)

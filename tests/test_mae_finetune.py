@@ -17,13 +17,15 @@ from conftest import make_cfg
 from torch import nn
 
 import vitpipe
-from vitpipe.config.build import check_config
+from vitpipe.config.preflight import check_config
 from vitpipe.export.onnx_format import check_onnx
 from vitpipe.lit import ImageClassifier
 from vitpipe.lit.finetune import ProbeHead, fold_probe_bn
-from vitpipe.run.checkpoint import load_checkpoint, rebuild
+from vitpipe.run.build import build_from_config
+from vitpipe.run.checkpoint import rebuild
+from vitpipe.run.stored import load_checkpoint
 from vitpipe.tasks.export import export
-from vitpipe.tasks.train import build, train
+from vitpipe.tasks.train import train
 
 QUIET = ["debug=fast", "logger=none", "callbacks.progress_bar.refresh_rate=1000"]
 PROBE = [*QUIET, "module.finetune=linear_probe", "module.probe_bn=true", "module.optimizer.lr=0.05"]
@@ -107,7 +109,7 @@ def test_probe_bn_refuses_a_network_without_one_linear_head():
 
 def test_a_linear_probe_with_probe_bn_changes_only_the_head_and_its_statistics(tmp_path):
     cfg = make_cfg(tmp_path, PROBE)
-    dm, net, module = build(cfg)
+    dm, net, module = build_from_config(cfg)
     before = copy.deepcopy(net.state_dict())
     trainer = L.Trainer(max_steps=4, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, limit_val_batches=0, accelerator="cpu")
@@ -207,7 +209,7 @@ def test_the_experiments_train_from_a_tiny_mae_run(mae_run, tmp_path, experiment
     pooling drops the MAE's final norm; fc_norm and the head start fresh), and the classifier trains."""
     overrides = [o if o != "experiment=mae_fmnist_finetune" else f"experiment={experiment}" for o in FT_TINY]
     cfg = make_cfg(tmp_path, [*overrides, f"model.pretrained={mae_run}"])
-    _, net, _ = build(cfg)
+    _, net, _ = build_from_config(cfg)
     mae = {k[4:]: v for k, v in load_checkpoint(best_ckpt(mae_run))["state_dict"].items() if k.startswith("net.")}
     own = net.state_dict()
     fresh = ("head.", "fc_norm.")

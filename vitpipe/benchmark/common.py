@@ -1,4 +1,5 @@
-"""Measuring tools of ``scripts/benchmark.py``: interleaved step timing, peak step memory, FLOPs and MFU.
+"""The benchmark's toolbox: interleaved step timing, peak step memory, FLOPs and MFU, the train and
+inference steps every comparison times, and the machine it ran on.
 
 Contenders take turns (A B, B A, A B, ...) so the load of a shared, noisy machine falls on all of
 them alike; warm-up steps are dropped; a figure is the median over repeats of each repeat's median.
@@ -9,16 +10,23 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import os
+import platform
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import lightning as L
+import timm
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
+
+from vitpipe.benchmark.config import BenchConfig
 
 # --------------------------------------------------------------------------- timing
 
@@ -205,3 +213,65 @@ def utilisation(flops_per_img: int, img_s: float, peak: float | None) -> dict:
     """Achieved TFLOP/s, and MFU when the peak is known."""
     achieved = flops_per_img * img_s / 1e12
     return {"tflops": achieved, "mfu": None if peak is None else achieved / peak}
+
+
+# --------------------------------------------------------------------------- the steps
+
+
+def random_batch(cfg: BenchConfig, *, seed: int = 1):
+    """A normalised float batch and labels on the device: isolates the model from the data path."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(cfg.batch_size, 3, cfg.size, cfg.size, generator=g)
+    return x.to(cfg.device), torch.randint(0, cfg.num_classes, (cfg.batch_size,), generator=g).to(cfg.device)
+
+
+def train_step(model, opt, x, y, cfg: BenchConfig):
+    """forward, cross-entropy, backward, optimizer step; gradients freed after the step."""
+    scaler = torch.amp.GradScaler(cfg.device, enabled=cfg.precision == "16-mixed")  # fp16 only
+
+    def step() -> None:
+        with cfg.autocast():
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def infer_step(model, x, cfg: BenchConfig):
+    def step() -> None:
+        with torch.no_grad(), cfg.autocast():
+            model(x)
+
+    return step
+
+
+@torch.no_grad()
+def max_logit_diff(a: torch.nn.Module, b: torch.nn.Module, x: torch.Tensor) -> float:
+    """Largest |logit difference| in eval mode (both are left in it): 0 up to rounding = the same network."""
+    return (a.eval()(x).float() - b.eval()(x).float()).abs().max().item()
+
+
+def compiled(net, cfg: BenchConfig):
+    return torch.compile(net) if cfg.compile else net
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "cpu"
+
+
+def environment(cfg: BenchConfig) -> dict:
+    return {"torch": torch.__version__, "timm": timm.__version__, "lightning": L.__version__,
+            "python": platform.python_version(),
+            "device_name": torch.cuda.get_device_name() if cfg.device == "cuda" else cpu_name(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "float32_matmul_precision": torch.get_float32_matmul_precision()}

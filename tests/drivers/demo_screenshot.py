@@ -2,7 +2,7 @@
 click a gallery example, or switch the attention map), read the page's answer and fetch the images it
 shows, and (as a command) save a screenshot of it.
 
-    python -m vitpipe.tasks.demo_screenshot --ckpt <ckpt | run dir | last> [--image <file> | --example N] \
+    python tests/drivers/demo_screenshot.py --ckpt <ckpt | run dir | last> [--image <file> | --example N] \
         --out docs/img/demo.png
 
 The same functions drive tests/test_demo.py's browser tests, so the picture and the test cannot drift.
@@ -228,9 +228,9 @@ def screenshot(driver, out: Path) -> Path:
 
 def example_image(ckpt: str, index: int, folder: Path) -> Path:
     """The ``index``-th test-split example of the checkpoint's data, as the page writes its examples."""
+    from vitpipe.inference.load import load_predictor
     from vitpipe.run.paths import default_paths
     from vitpipe.tasks.demo import split_examples
-    from vitpipe.tasks.predict import load_predictor
 
     loaded = load_predictor(ckpt, paths=default_paths(), task_name="demo")
     files = split_examples(loaded.built.datamodule, index + 1, folder)
