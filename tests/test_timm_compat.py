@@ -8,7 +8,8 @@ from timm.models.vision_transformer import VisionTransformer
 
 from vitpipe import create_model
 from vitpipe.errors import ConfigError
-from vitpipe.models.timm_compat import from_timm, load_pretrained, vitpipe_to_timm
+from vitpipe.models.timm_compat import from_timm, vitpipe_to_timm
+from vitpipe.models.weights import load_pretrained
 
 CONFIGS = {
     "square_cls": dict(img_size=32, patch_size=4, embed_dim=64, depth=3, num_heads=4, num_classes=10),

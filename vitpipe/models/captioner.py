@@ -69,7 +69,7 @@ class Captioner(nn.Module):
     Args:
         encoder: a ``ViT``, a registry name (``"vit_micro"``) or a dict ``{name, **overrides}``.
         encoder_ckpt: weights for the encoder: a classification Lightning checkpoint (``net.`` keys),
-            a ``.safetensors``/``.pth`` file or a timm name (``vitpipe.models.timm_compat.load_pretrained``).
+            a ``.safetensors``/``.pth`` file or a timm name (``vitpipe.models.weights.load_pretrained``).
         freeze_encoder: train the decoder only.
         vocab_size, pad_id, bos_id, eos_id: from the data module's ``model_kwargs()``.
         dim, depth, num_heads, mlp_ratio: the decoder's width, blocks, heads, MLP ratio.
@@ -110,7 +110,7 @@ class Captioner(nn.Module):
             raise ConfigError(f"pad_id={pad_id}, bos_id={bos_id}, eos_id={eos_id} must lie in [0, vocab_size={vocab_size})")
         self.encoder = build_encoder(encoder)
         if encoder_ckpt:
-            from vitpipe.models.timm_compat import load_pretrained
+            from vitpipe.models.weights import load_pretrained
 
             load_pretrained(self.encoder, encoder_ckpt)
         if freeze_encoder:

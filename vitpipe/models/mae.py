@@ -11,7 +11,7 @@ class/register tokens), registered at the top level so the state dict reads like
 reference's: ``patch_embed.*``, ``cls_token``, ``pos_embed*``, ``blocks.N.*``, ``norm.*``,
 ``decoder_embed.*``, ``mask_token``, ``decoder_pos_embed``, ``decoder_blocks.N.*``,
 ``decoder_norm.*``, ``decoder_pred.*``. ``encoder_kwargs()`` gives the matching classifier
-(``ViT(**mae.encoder_kwargs(), num_classes=...)``), and ``timm_compat.load_pretrained`` loads
+(``ViT(**mae.encoder_kwargs(), num_classes=...)``), and ``weights.load_pretrained`` loads
 the encoder part of an MAE checkpoint into it.
 """
 
@@ -248,7 +248,7 @@ def load_official(path: str | Path, **overrides) -> MaskedAutoencoderViT:
     argument (``norm_pix_loss``, heads, a fresh decoder's sizes, ...). Any key left missing or
     unexpected, or of another shape, raises one ConfigError line naming them.
     """
-    from vitpipe.models.timm_compat import MAE_DECODER_PREFIXES, mismatch_summary, read_state_dict
+    from vitpipe.models.weights import MAE_DECODER_PREFIXES, mismatch_summary, read_state_dict
 
     sd = read_state_dict(path)
     name = Path(path).name

@@ -125,7 +125,7 @@ def create_model(name: str, *, pretrained: bool | str | None = None, pretrained_
         raise ValueError(f"unknown model name={name!r}; valid choices: {', '.join(VARIANTS)}")
     model = ViT(**{**VARIANTS[name], **overrides})
     if pretrained:
-        from vitpipe.models.timm_compat import load_pretrained
+        from vitpipe.models.weights import load_pretrained
 
         source = TIMM_NAMES.get(name) if pretrained is True else pretrained
         if source is None:
