@@ -1,10 +1,10 @@
 """pyproject.toml's dependency floors: the installed releases satisfy them, and every floor kept for an API
 equals the one recorded here beside a probe of that API, run against the installed release.
 
-A test cannot install the floor release itself without the network; pyproject.toml says how each floor was
-checked against its release. What these tests catch: an environment below a floor, a floor edited away
-from the release its API arrived in (e.g. lightning>=2.5 again: Trainer.fit(weights_only=) is 2.6), and a
-newer release that dropped the API.
+What the fast tests catch: an environment below a floor, a floor edited away from the release its API arrived
+in (e.g. lightning>=2.5 again: Trainer.fit(weights_only=) is 2.6), and a newer release that dropped the API.
+Passing against the installed release says nothing about the floor itself: the slow test installs each probed
+floor release from PyPI into a venv of its own and runs its probe there (-m slow; needs pip to reach PyPI).
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ from __future__ import annotations
 import importlib.metadata as md
 import inspect
 import json
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -61,9 +64,9 @@ def _timm(tmp_path):
 
 def _torch(tmp_path):
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: F401  (vitpipe.tasks.bench)
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: F401  (vitpipe.benchmark.common)
 
-    assert callable(torch.nn.Module.compile) and torch.amp.GradScaler  # module.compile=true; vitpipe.tasks.bench
+    assert callable(torch.nn.Module.compile) and torch.amp.GradScaler  # module.compile=true; vitpipe.benchmark.common
     params = inspect.signature(torch.load).parameters
     assert {"weights_only", "mmap"} <= set(params)  # vitpipe.run.checkpoint reads with both
 
@@ -173,3 +176,94 @@ def test_dev_repeats_every_extra_with_its_floor():
             assert name in dev and dev[name].specifier == req.specifier, f"[{extra}] {req} vs dev {dev.get(name)}"
             if name in core:
                 assert _floor(req) >= _floor(core[name]), f"[{extra}] {req} is below the dependency {core[name]}"
+
+
+# ---- each probe against the floor release itself (slow: pip installs from PyPI) ---------------------------
+# Each probed floor goes (--no-deps) into a fresh venv; the other dependencies are borrowed from this venv
+# through a .pth, which site processes after adding the venv's own site-packages, so the floor release comes
+# first on sys.path and is the one the probe imports (tests/tools/floor_probe.py checks that it is). Where the
+# floor's own requirements exclude a borrowed release (wandb 0.19.2: protobuf<6), the venv gets the newest
+# release they allow too, as pip would resolve it: a user at the floor never has the excluded one.
+
+# Not on this machine's disk: the torch wheels here are 2.13.0 and 2.14.1 (pip's constraint file caps torch
+# there), and a torch floor needs its own torchvision build beside it. pyproject.toml records those runs.
+NOT_INSTALLABLE = {
+    "torch": "torch floors (2.5, 2.8) are not installable here: only torch 2.13.0/2.14.1 wheels are on disk",
+    "torchvision": "torchvision 0.20 needs torch 2.5 beside it, which is not installable here",
+}
+PROBED = [row for row in FLOORS if row[4] is not None]
+PROBE_SCRIPT = ROOT / "tests" / "tools" / "floor_probe.py"
+
+
+def _unmet_requirements(floor: md.Distribution) -> list[str]:
+    """The floor release's requirements that this venv's releases do not satisfy (or lack), markers applied."""
+    unmet = []
+    for req in map(Requirement, floor.requires or ()):
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            ok = req.specifier.contains(md.version(req.name), prereleases=True)
+        except md.PackageNotFoundError:
+            ok = False
+        if not ok:
+            unmet.append(f"{req.name}{req.specifier}")
+    return unmet
+
+
+def _pip_install(python: Path, *reqs: str) -> None:
+    pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
+                          "--only-binary=:all:", "--quiet", *reqs], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert pip.returncode == 0, f"pip install {' '.join(reqs)} into {python}:\n{pip.stderr[-3000:]}"
+
+
+def make_release_venv(venv: Path, dist: str, version: str) -> Path:
+    """A venv at `venv` holding dist==version (and what its requirements exclude here), the rest borrowed from
+    this venv; returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    _pip_install(python, f"{dist}=={version}")
+    site = subprocess.run([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()  # fmt: skip
+    unmet = _unmet_requirements(next(md.distributions(name=dist, path=[site])))
+    if unmet:
+        _pip_install(python, *unmet)
+    # written after the installs, or pip would take the borrowed newer release for the installed one
+    borrowed = sysconfig.get_path("purelib")
+    (Path(site) / "zz_borrowed_site_packages.pth").write_text(f"import site; site.addsitedir({borrowed!r})\n")
+    return python
+
+
+def run_probe(python: Path, dist: str, probe, workdir: Path) -> subprocess.CompletedProcess:
+    """Run `probe` of this file under `python` (tests/tools/floor_probe.py); its last stdout line is JSON."""
+    return subprocess.run([str(python), "-I", str(PROBE_SCRIPT), dist, probe.__name__, str(workdir)], cwd=workdir,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def floor_venv(tmp_path_factory):
+    """make(dist, version) -> the python of make_release_venv's venv for that release, made once a session."""
+    made: dict[tuple[str, str], Path] = {}
+
+    def make(dist: str, version: str) -> Path:
+        if (dist, version) not in made:
+            made[dist, version] = make_release_venv(tmp_path_factory.mktemp(f"floor-{dist}-{version}"), dist, version)
+        return made[dist, version]
+
+    return make
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dist, where, recorded, why, probe", PROBED, ids=[f"{d}[{w}]" for d, w, *_ in PROBED])
+def test_probe_passes_at_its_floor(dist, where, recorded, why, probe, floor_venv, tmp_path):
+    if dist in NOT_INSTALLABLE:
+        pytest.skip(NOT_INSTALLABLE[dist])
+    python = floor_venv(dist, recorded)
+    run = run_probe(python, dist, probe, tmp_path)
+    assert run.returncode == 0, (
+        f"{probe.__name__} fails at {dist}=={recorded}, so {why} needs a later release than pyproject.toml's {where} "
+        f"floor: find the lowest release it passes at and change both\n{run.stderr[-3000:]}")
+    ran = json.loads(run.stdout.strip().splitlines()[-1])
+    assert Version(ran["version"]) == Version(recorded), f"the venv holds {dist} {ran['version']}, not the floor"
+    venv = python.parent.parent.resolve()
+    outside = {top: f for top, f in ran["imported"].items() if f and not Path(f).resolve().is_relative_to(venv)}
+    assert ran["imported"] and not outside, f"the probe imported {dist} from outside the floor venv: {outside}"
