@@ -59,7 +59,7 @@ def shown_commands() -> list[Shown]:
                 continue
             prompt = s.startswith("$ ")
             s = re.sub(r"^\$\s+", "", s)
-            if not s or s.startswith("#") or not s.split()[0] in PROGRAMS:
+            if not s or s.startswith("#") or s.split()[0] not in PROGRAMS:
                 continue
             output = None
             if prompt and n < len(lines) and not lines[n].strip().startswith(("$", "```")):

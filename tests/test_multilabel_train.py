@@ -10,8 +10,9 @@ import pytest
 import torch
 from sklearn.metrics import average_precision_score, f1_score
 
+from vitpipe.run.build import build_from_config
 from vitpipe.tasks.make_mosaics import MosaicConfig, make_mosaics
-from vitpipe.tasks.train import build, train
+from vitpipe.tasks.train import train
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -48,7 +49,7 @@ class Collect(L.Callback):
 
 def test_logged_map_ap_f1_equal_sklearn_on_the_same_logits(mosaics, cfg_factory):
     cfg = cfg_factory(*overrides(mosaics, "debug=fast", "trainer.limit_test_batches=null", "data.eval_batch_size=64"))
-    dm, _, module = build(cfg)
+    dm, _, module = build_from_config(cfg)
     collect = Collect()
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         callbacks=[collect])
@@ -71,7 +72,7 @@ def test_logged_map_ap_f1_equal_sklearn_on_the_same_logits(mosaics, cfg_factory)
 def test_short_run_learns_well_above_the_label_frequency_baseline(mosaics, cfg_factory):
     cfg = cfg_factory(*overrides(mosaics, "trainer.max_epochs=8"))
     metrics = train(cfg)
-    dm, _, _ = build(cfg)
+    dm, _, _ = build_from_config(cfg)
     dm.setup("test")
     targets = dm.data_test.base.targets
     base = baseline_map(targets)
@@ -87,7 +88,7 @@ def test_mixup_ema_asl_and_balanced_pos_weight_train(mosaics, cfg_factory):
                                  "module.label_smoothing=0.1"))
     metrics = train(cfg)
     assert np.isfinite(metrics["train/loss"]) and 0.0 <= metrics["test/map"] <= 1.0
-    dm, _, module = build(cfg)
+    dm, _, module = build_from_config(cfg)
     dm.setup("fit")
     w = module._balanced_weight(dm.data_train)
     t = dm.data_train.base.targets[dm.data_train.indices] if dm.data_train.indices is not None else dm.data_train.base.targets
@@ -112,8 +113,8 @@ def test_make_mosaics_is_seeded_labels_are_the_tiles_classes_and_out_is_never_ha
                          progress=False)
     assert (again / LABELS_FILE).read_bytes() == (mosaics / LABELS_FILE).read_bytes()
     assert (again / "test/00007.png").read_bytes() == (mosaics / "test/00007.png").read_bytes()
-    labels = list(csv.DictReader(open(mosaics / LABELS_FILE)))
-    tiles = list(csv.DictReader(open(mosaics / MANIFEST)))
+    labels = list(csv.DictReader((mosaics / LABELS_FILE).read_text().splitlines()))
+    tiles = list(csv.DictReader((mosaics / MANIFEST).read_text().splitlines()))
     for row, m in zip(labels, tiles, strict=True):
         assert row["path"] == m["path"] and row["split"] == m["split"]
         assert row["labels"].split(";") == [CLASS_NAMES[c] for c in sorted({int(m[f"tile{t}_class"]) for t in range(4)})]

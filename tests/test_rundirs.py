@@ -39,7 +39,7 @@ def test_two_runs_started_in_the_same_second_get_their_own_directories(tmp_path)
         (runs / name).mkdir(parents=True)
     procs = [popen(["python", "scripts/train.py", *SHORT_TRAIN], home) for _ in range(2)]
     outs = [p.communicate(timeout=240) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     dirs = [run_dir_of(out) for out, _ in outs]
     assert dirs[0] != dirs[1]
@@ -120,7 +120,8 @@ def test_a_training_run_is_live_until_its_process_ends(tmp_path):
         assert is_live(busy)
         resumed = run(["python", "scripts/train.py", "ckpt_path=last", "train=false", "test=false"], home)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
-        assert f"ckpt_path=last -> run {finished} (classifier); passed over 1 run(s) still running, newest {busy}" in resumed.stdout
+        said = f"ckpt_path=last -> run {finished} (classifier); passed over 1 run(s) still running, newest {busy}"
+        assert said in resumed.stdout
     finally:
         p.send_signal(signal.SIGKILL)
         p.communicate()

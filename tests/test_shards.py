@@ -99,7 +99,7 @@ def test_image_folder_round_trips_bytes_pixels_labels_and_counts(tmp_path):
             assert label2 == label and np.array_equal(np.asarray(image), np.asarray(open_image(path)))
             seen.append(item["source_index"])
         assert sorted(seen) == list(range(n))
-        assert meta["class_counts"] == np.bincount([l for _, l in source.samples], minlength=2).tolist()
+        assert meta["class_counts"] == np.bincount([label for _, label in source.samples], minlength=2).tolist()
 
 
 def test_in_memory_data_round_trips_as_lossless_png_with_the_datamodules_own_split(tmp_path):

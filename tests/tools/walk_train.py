@@ -26,22 +26,9 @@ from test_layout import layer_of  # noqa: E402
 
 
 def _compose(overrides: list[str], out: Path):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
+    from conftest import make_cfg  # the tests' own composition: outputs under ``out``
 
-    import vitpipe.config.build  # noqa: F401  (the auto_precision resolver)
-
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
-    with open_dict(cfg):
-        cfg.hydra.runtime.output_dir = str(out / "run")
-        cfg.hydra.runtime.cwd = str(ROOT)
-        cfg.hydra.job.num = 0
-        cfg.paths.log_dir = str(out / "logs")
-        cfg.paths.data_dir = str(out / "data")
-    HydraConfig.instance().set_config(cfg)
-    return cfg
+    return make_cfg(out, overrides)
 
 
 COMPREHENSIONS = {"<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>"}  # a loop, not a step
@@ -78,7 +65,8 @@ def walk(overrides: list[str]) -> dict:
         sys.setprofile(None)
     setup = steps[: fit_at[0]] if fit_at else steps
     return {"setup_stays": len(setup), "setup_modules": len(set(setup)),
-            "setup_entered": dict(Counter(setup).most_common()), "stays": len(steps), "modules": len(set(steps)), "entered": dict(Counter(steps).most_common()),
+            "setup_entered": dict(Counter(setup).most_common()), "stays": len(steps), "modules": len(set(steps)),
+            "entered": dict(Counter(steps).most_common()),
             "climbs": len(climbs), "climb_calls": sorted(Counter(climbs).items()), "walk": steps}
 
 

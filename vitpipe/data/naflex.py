@@ -184,7 +184,7 @@ def patchify_batch(x: Tensor, patch_size: int, seq_len: int) -> dict[str, Tensor
     B, C, H, W = x.shape
     p = patch_size
     h, w = seq_grid((H, W), (p, p), seq_len)
-    if (H, W) != (h * p, w * p):
+    if (h * p, w * p) != (H, W):
         x = F.interpolate(x, size=(h * p, w * p), mode="bicubic", align_corners=False, antialias=True)
     patches = x.reshape(B, C, h, p, w, p).permute(0, 2, 4, 3, 5, 1).reshape(B, h * w, p * p * C)  # (B, h*w, p*p*C)
     rows, cols = torch.meshgrid(torch.arange(h, device=x.device), torch.arange(w, device=x.device), indexing="ij")

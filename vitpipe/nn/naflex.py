@@ -53,7 +53,7 @@ def patchify_image(img: Tensor, patch_size: int | tuple[int, int], max_seq_len: 
     p, q = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
     C, H, W = img.shape
     h, w = seq_grid((H, W), (p, q), max_seq_len)
-    if (H, W) != (h * p, w * q):
+    if (h * p, w * q) != (H, W):
         img = F.interpolate(img[None].float(), size=(h * p, w * q), mode="bicubic", align_corners=False,
                             antialias=True)[0]
     patches = img.reshape(C, h, p, w, q).permute(1, 3, 2, 4, 0).reshape(h * w, p * q * C)  # (h*w, p*q*C)

@@ -45,7 +45,8 @@ def loads(data: str | bytes | bytearray, *, max_depth: int = MAX_DEPTH):
     text = data.decode(json.detect_encoding(data), "surrogatepass") if isinstance(data, (bytes, bytearray)) else data
     depth = nesting_depth(text)
     if depth > max_depth:
-        raise JSONInputError(f"the JSON is nested {depth} levels deep (arrays/objects inside each other); at most {max_depth} are read")
+        raise JSONInputError(f"the JSON is nested {depth} levels deep (arrays/objects inside each other); "
+                             f"at most {max_depth} are read")
     try:
         return json.loads(text)
     except RecursionError:  # unreachable within max_depth; kept so no caller ever sees it

@@ -292,9 +292,9 @@ def make_shards(dm: ClassificationDataModule, out: str, *, shard_size: str = "64
         raise ConfigError(f"out={out} holds shards written from other images or settings ("
                           + "; ".join(f"{', '.join(names)}: {why}" for why, names in by_why.items())
                           + "); add overwrite=true to write them again, or choose another out=")
-    if stale or any(s not in present for s in records):  # an interrupted rewrite must not find the old index
-        if os.path.isfile(os.path.join(out, INDEX_FILE)):
-            os.remove(os.path.join(out, INDEX_FILE))
+    # an interrupted rewrite must not find the old index
+    if (stale or any(s not in present for s in records)) and os.path.isfile(os.path.join(out, INDEX_FILE)):
+        os.remove(os.path.join(out, INDEX_FILE))
     for split, why in stale.items():
         print(f"make_shards: {os.path.join(out, split)} was {why if why.startswith('written') else 'written from ' + why}"
               f"; {'written again' if split in records else 'removed'} (overwrite=true)")

@@ -42,7 +42,7 @@ class WordTokenizer:
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = range(len(SPECIALS))
 
     @classmethod
-    def build(cls, captions: Iterable[str], *, min_freq: int = 1, max_size: int | None = None) -> "WordTokenizer":
+    def build(cls, captions: Iterable[str], *, min_freq: int = 1, max_size: int | None = None) -> WordTokenizer:
         """Vocabulary of the words seen at least ``min_freq`` times, most frequent first (ties
         alphabetical, so the same captions always give the same ids)."""
         counts = Counter(w for c in captions for w in split_words(c))
@@ -88,7 +88,7 @@ class WordTokenizer:
         return {"itos": list(self.itos)}
 
     @classmethod
-    def from_state_dict(cls, state: dict) -> "WordTokenizer":
+    def from_state_dict(cls, state: dict) -> WordTokenizer:
         return cls(state["itos"])
 
     def __len__(self) -> int:
