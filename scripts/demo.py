@@ -1,13 +1,11 @@
-"""A demo page for a classifier: `python scripts/demo.py ckpt_path=<ckpt | run dir | last>` (Gradio, 127.0.0.1)."""
+"""A demo page for a classifier: `python scripts/demo.py ckpt_path=<ckpt | run dir | last>` (Gradio, 127.0.0.1)
+(also `vitpipe demo`)."""
 
-from vitpipe.tasks.cli import hydra_main, run_cli
-from vitpipe.tasks.demo import demo
+import sys
 
+from vitpipe.commands import command
 
-@hydra_main(config_path="../conf", config_name="demo")
-def main(cfg) -> None:
-    run_cli(demo, cfg)
-
+main = command("demo")  # the command as `vitpipe demo` runs it (vitpipe/commands.py)
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

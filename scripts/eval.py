@@ -1,13 +1,11 @@
-"""Test a checkpoint: `python scripts/eval.py ckpt_path=<file|run dir|last> [data=<name>] [split=val] [calibrate=true] [tta=hflip]`."""
+"""Test a checkpoint: `python scripts/eval.py ckpt_path=<file|run dir|last> [data=<name>] [split=val] [calibrate=true]
+[tta=hflip]` (also `vitpipe eval`)."""
 
-from vitpipe.tasks.cli import hydra_main, run_cli
-from vitpipe.tasks.evaluate import evaluate
+import sys
 
+from vitpipe.commands import command
 
-@hydra_main(config_path="../conf", config_name="eval")
-def main(cfg) -> None:
-    run_cli(evaluate, cfg)
-
+main = command("eval")  # the command as `vitpipe eval` runs it (vitpipe/commands.py)
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

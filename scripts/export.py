@@ -1,13 +1,11 @@
-"""Export a classifier: `python scripts/export.py ckpt_path=<ckpt or run dir> format=timm|onnx out=<dir or .onnx>`."""
+"""Export a classifier: `python scripts/export.py ckpt_path=<ckpt or run dir> format=timm|onnx out=<dir or .onnx>`
+(also `vitpipe export`)."""
 
-from vitpipe.tasks.cli import hydra_main, run_cli
-from vitpipe.tasks.export import export
+import sys
 
+from vitpipe.commands import command
 
-@hydra_main(config_path="../conf", config_name="export")
-def main(cfg) -> None:
-    run_cli(export, cfg)
-
+main = command("export")  # the command as `vitpipe export` runs it (vitpipe/commands.py)
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

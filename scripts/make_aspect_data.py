@@ -3,7 +3,9 @@ vitpipe/tasks/make_aspect_data.py): `python scripts/make_aspect_data.py --out DI
 
 import sys
 
-from vitpipe.tasks.make_aspect_data import main
+from vitpipe.commands import command
+
+main = command("make_aspect_data")  # the command as `vitpipe make_aspect_data` runs it (vitpipe/commands.py)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,7 +3,9 @@
 
 import sys
 
-from vitpipe.tasks.make_mosaics import main
+from vitpipe.commands import command
+
+main = command("make_mosaics")  # the command as `vitpipe make_mosaics` runs it (vitpipe/commands.py)
 
 if __name__ == "__main__":
     sys.exit(main())

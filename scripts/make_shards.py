@@ -1,13 +1,11 @@
-"""Convert a data set to shards: `python scripts/make_shards.py data=<data config> out=DIR [shard_size=64MB]`."""
+"""Convert a data set to shards: `python scripts/make_shards.py data=<data config> out=DIR [shard_size=64MB]`
+(also `vitpipe make_shards`)."""
 
-from vitpipe.tasks.cli import hydra_main, run_cli
-from vitpipe.tasks.make_shards import make_shards_from_config
+import sys
 
+from vitpipe.commands import command
 
-@hydra_main(config_path="../conf", config_name="make_shards")
-def main(cfg) -> None:
-    run_cli(make_shards_from_config, cfg)
-
+main = command("make_shards")  # the command as `vitpipe make_shards` runs it (vitpipe/commands.py)
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,7 +2,9 @@
 
 import sys
 
-from vitpipe.tasks.make_teacher import main
+from vitpipe.commands import command
+
+main = command("make_teacher")  # the command as `vitpipe make_teacher` runs it (vitpipe/commands.py)
 
 if __name__ == "__main__":
     sys.exit(main())

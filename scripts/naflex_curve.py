@@ -3,7 +3,9 @@ Fashion-MNIST (body: vitpipe/tasks/naflex_curve.py): `python scripts/naflex_curv
 
 import sys
 
-from vitpipe.tasks.naflex_curve import main
+from vitpipe.commands import command
+
+main = command("naflex_curve")  # the command as `vitpipe naflex_curve` runs it (vitpipe/commands.py)
 
 if __name__ == "__main__":
     sys.exit(main())

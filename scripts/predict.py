@@ -1,13 +1,11 @@
-"""Predict image files: `python scripts/predict.py ckpt_path=<ckpt or run dir> images=<folder|file|glob> out=preds.csv`."""
+"""Predict image files: `python scripts/predict.py ckpt_path=<ckpt or run dir> images=<folder|file|glob> out=preds.csv`
+(also `vitpipe predict`)."""
 
-from vitpipe.tasks.cli import hydra_main, run_cli
-from vitpipe.tasks.predict import predict
+import sys
 
+from vitpipe.commands import command
 
-@hydra_main(config_path="../conf", config_name="predict")
-def main(cfg) -> None:
-    run_cli(predict, cfg)
-
+main = command("predict")  # the command as `vitpipe predict` runs it (vitpipe/commands.py)
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

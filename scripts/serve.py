@@ -1,13 +1,11 @@
-"""Serve a checkpoint over HTTP: `python scripts/serve.py ckpt_path=<ckpt | run dir | last> [port=8000 backend=torch|onnx]`."""
+"""Serve a checkpoint over HTTP: `python scripts/serve.py ckpt_path=<ckpt | run dir | last> [port=8000 backend=torch|onnx]`
+(also `vitpipe serve`)."""
 
-from vitpipe.tasks.cli import hydra_main, run_cli
-from vitpipe.tasks.serve import serve
+import sys
 
+from vitpipe.commands import command
 
-@hydra_main(config_path="../conf", config_name="serve")
-def main(cfg) -> None:
-    run_cli(serve, cfg)
-
+main = command("serve")  # the command as `vitpipe serve` runs it (vitpipe/commands.py)
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

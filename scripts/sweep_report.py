@@ -2,7 +2,9 @@
 
 import sys
 
-from vitpipe.tasks.sweep_report import main
+from vitpipe.commands import command
+
+main = command("sweep_report")  # the command as `vitpipe sweep_report` runs it (vitpipe/commands.py)
 
 if __name__ == "__main__":
     sys.exit(main())

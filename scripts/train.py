@@ -1,14 +1,10 @@
-"""Train (and test) a ViT: `python scripts/train.py [group=option ...] [key=value ...]`."""
+"""Train (and test) a ViT: `python scripts/train.py [group=option ...] [key=value ...]` (also `vitpipe train`)."""
 
-from vitpipe.tasks.cli import hydra_main, run_cli
-from vitpipe.tasks.train import train
+import sys
 
+from vitpipe.commands import command
 
-@hydra_main(config_path="../conf", config_name="train")
-def main(cfg) -> float | None:
-    metrics = run_cli(train, cfg)
-    return metrics.get(cfg.get("optimized_metric")) if metrics else None  # for Hydra sweepers
-
+main = command("train")  # the command as `vitpipe train` runs it (vitpipe/commands.py)
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,13 +1,11 @@
-"""Attention figures: `python scripts/visualize_attention.py ckpt_path=<ckpt or run dir> images=<folder|val|test>`."""
+"""Attention figures: `python scripts/visualize_attention.py ckpt_path=<ckpt or run dir> images=<folder|val|test>`
+(also `vitpipe visualize`)."""
 
-from vitpipe.tasks.cli import hydra_main, run_cli
-from vitpipe.tasks.visualize import visualize
+import sys
 
+from vitpipe.commands import command
 
-@hydra_main(config_path="../conf", config_name="visualize")
-def main(cfg) -> None:
-    run_cli(visualize, cfg)
-
+main = command("visualize")  # the command as `vitpipe visualize` runs it (vitpipe/commands.py)
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -12,15 +12,15 @@ from omegaconf import open_dict
 from PIL import Image, ImageOps
 from test_data import write_png
 
-from vitpipe.config.build import check_config
+from vitpipe.config.preflight import check_config
 from vitpipe.data import ImageFolderDataModule
 from vitpipe.data.images import open_image
 from vitpipe.data.preprocess import Preprocess
 from vitpipe.data.shards import ShardsDataModule, ShardSplit
 from vitpipe.errors import ConfigError
+from vitpipe.inference.images import ImageFiles, find_images
+from vitpipe.run.build import build_from_config
 from vitpipe.tasks.make_shards import INDEX_FILE, make_shards
-from vitpipe.tasks.predict import ImageFiles, find_images
-from vitpipe.tasks.train import build
 
 
 @pytest.fixture(autouse=True)
@@ -272,10 +272,10 @@ def test_imagefolder_num_classes_comes_from_the_class_folders(root, cfg_factory)
     assert cfg.data.num_classes is None
     check_config(cfg)  # before anything is built: the config the run stores carries the count
     assert cfg.data.num_classes == 2 and cfg.model.num_classes == 2
-    dm, net, _ = build(cfg)
+    dm, net, _ = build_from_config(cfg)
     assert dm.num_classes == 2 and net.head.out_features == 2
     with pytest.raises(ConfigError) as err:  # a number given: checked against the folders before a model is built
-        build(cfg_factory("data=imagefolder", f"data.root={root}", "data.num_classes=3", "debug=fast"))
+        build_from_config(cfg_factory("data=imagefolder", f"data.root={root}", "data.num_classes=3", "debug=fast"))
     msg = str(err.value)
     assert "\n" not in msg and "data.num_classes=3" in msg and "2 class folders" in msg
     with pytest.raises(ConfigError, match=r"model.num_classes=5 does not match data.num_classes=2"):
@@ -293,7 +293,7 @@ def test_shards_num_classes_comes_from_the_index(root, tmp_path, cfg_factory):
     check_config(cfg)
     assert cfg.data.num_classes == 3 and cfg.model.num_classes == 3
     with pytest.raises(ConfigError) as err:
-        build(cfg_factory("data=shards", f"data.root={tmp_path / 'sh'}", "data.num_classes=5", "debug=fast"))
+        build_from_config(cfg_factory("data=shards", f"data.root={tmp_path / 'sh'}", "data.num_classes=5", "debug=fast"))
     msg = str(err.value)
     assert "\n" not in msg and "data.num_classes=5" in msg and "3 classes" in msg
     (tmp_path / "sh" / INDEX_FILE).unlink()

@@ -1,6 +1,6 @@
 """Every command the README (and any docs page) shows runs as a user types it.
 
-From one fresh working directory per module (``scripts/`` linked, ``conf/`` copied, no logs/ or
+From one fresh working directory per module (``scripts/`` linked, ``conf/``, ``assets/`` copied, no logs/ or
 data/), through the real CLI in subprocesses, in the order a reader meets them. What may be added
 to a shown command is only what shortens it (``SHORT_TRAIN``, ``hydra.sweeper.n_trials=2``,
 ``--steps 1``, ``num_images=16``), never a ``hydra.*`` path; placeholders (``<time>``, ``<ckpt>``,
@@ -27,7 +27,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from readme_commands import shown_commands
 from user_shell import ROOT, SHORT_TRAIN, argv, run_dir_of, user_env
 
@@ -113,7 +112,7 @@ SPECS: dict[str, Spec] = {
     "python scripts/demo.py ckpt_path=last": Spec(needs=(DEFAULT,), session="e2e", server="/",
                                                   expect=("vitpipe demo: http://127.0.0.1:", "vitpipe demo: stopped")),
     DEMO_FMNIST: Spec(append=SB, needs_fmnist=True),
-    "python -m vitpipe.tasks.demo_screenshot --ckpt logs/fmnist_vit/runs/<time> --example 0 --out docs/img/demo.png": Spec(
+    "python tests/drivers/demo_screenshot.py --ckpt logs/fmnist_vit/runs/<time> --example 0 --out docs/img/demo.png": Spec(
         needs=(DEMO_FMNIST,), time_of=DEMO_FMNIST, needs_fmnist=True, needs_chromium=True, files=("docs/img/demo.png",)),
     # docs/multilabel.md
     MOSAICS: Spec(needs_fmnist=True, files=("data/fmnist_mosaics/labels.csv", "data/fmnist_mosaics/manifest.csv")),
@@ -186,6 +185,9 @@ SPECS: dict[str, Spec] = {
         append=("--batch-size", "4", "--steps", "1", "--warmup", "1", "--repeats", "1"),
         expect=("vitpipe/timm NaFlexVit",)),
     'pip install -e ".[dev]"': Spec(skip="the install step: .ci/run runs it in a fresh venv"),
+    "pip install .": Spec(skip="an install step: tests/test_install.py builds the wheel and installs it in a fresh venv"),
+    "pip wheel --no-deps . -w dist/": Spec(skip="tests/test_install.py builds the wheel (from a copy of the package's files)"),
+    "pip install dist/vitpipe-0.1.0-py3-none-any.whl": Spec(skip="tests/test_install.py installs the wheel in a fresh venv"),
     "python -m pytest -q": Spec(skip="the test command itself: .ci/run runs it"),
     "python -m pytest -q -m slow": Spec(skip="a test command: .ci/run runs the slow README commands"),
     "python -m pytest -q -m slow tests/test_benchmark.py": Spec(skip="a test command (27 min of training)"),
@@ -221,10 +223,13 @@ SPECS: dict[str, Spec] = {
         needs=(DEFAULT,), session="e2e", expect=("test/acc",)),
     "python scripts/predict.py ckpt_path=<ckpt | run dir | last> images=<folder | file | 'glob/*.jpg'> out=preds.csv "
     "topk=5": Spec(needs=(DEFAULT, PNGS), session="e2e", files=("preds.csv",)),
-    "python scripts/export.py ckpt_path=<...> format=timm out=my_vit": Spec(needs=(DEFAULT,), session="e2e", files=("my_vit/config.json",)),
-    "python scripts/export.py ckpt_path=<...> format=onnx out=my_vit.onnx": Spec(needs=(DEFAULT,), session="e2e", files=("my_vit.onnx",)),
+    "python scripts/export.py ckpt_path=<...> format=timm out=my_vit": Spec(
+        needs=(DEFAULT,), session="e2e", files=("my_vit/config.json",)),
+    "python scripts/export.py ckpt_path=<...> format=onnx out=my_vit.onnx": Spec(
+        needs=(DEFAULT,), session="e2e", files=("my_vit.onnx",)),
     "python scripts/export.py ckpt_path=<...> format=timm out=my_vit overwrite=true push_to_hub=<user>/<repo>": Spec(
-        needs=(DEFAULT, "python scripts/export.py ckpt_path=<...> format=timm out=my_vit"), session="e2e", fails=r"push_to_hub=someone/my-vit.*(failed|offline|nothing was uploaded)"),
+        needs=(DEFAULT, "python scripts/export.py ckpt_path=<...> format=timm out=my_vit"), session="e2e",
+        fails=r"push_to_hub=someone/my-vit.*(failed|offline|nothing was uploaded)"),
     PNGS: Spec(files=("digits_png/00_true8.png",)),
     "python scripts/predict.py ckpt_path=last images=digits_png out=preds.csv topk=3": Spec(
         needs=(DEFAULT, PNGS), session="e2e", files=("preds.csv",)),
@@ -281,9 +286,9 @@ SPECS: dict[str, Spec] = {
         append=("++trainer.limit_test_batches=2",), needs=(FMNIST_RUN,), time_of=FMNIST_RUN, needs_fmnist=True,
         expect=("test/acc",)),
     TEACHER: Spec(append=SB, needs_fmnist=True),
-    "python scripts/make_teacher.py logs/fmnist_teacher/runs/<time> conf/teachers/fmnist_resnet10t.safetensors": Spec(
+    "python scripts/make_teacher.py logs/fmnist_teacher/runs/<time> assets/teachers/fmnist_resnet10t.safetensors": Spec(
         needs=(TEACHER,), time_of=TEACHER, needs_fmnist=True,
-        files=("conf/teachers/fmnist_resnet10t.safetensors",)),
+        files=("assets/teachers/fmnist_resnet10t.safetensors",)),
 }
 
 SHOWN = shown_commands()
@@ -306,7 +311,9 @@ class Session:
         self.home = home
         self.results: dict[str, subprocess.CompletedProcess] = {}
         (home / "scripts").symlink_to(ROOT / "scripts", target_is_directory=True)
-        shutil.copytree(ROOT / "conf", home / "conf")  # a copy: make_teacher writes into conf/teachers/
+        (home / "tests").symlink_to(ROOT / "tests", target_is_directory=True)  # docs/demo.md's screenshot driver
+        shutil.copytree(ROOT / "conf", home / "conf")  # a checkout's layout (the commands read the package's configs)
+        shutil.copytree(ROOT / "assets", home / "assets")  # a copy: make_teacher writes into assets/teachers/
         self.env = user_env(HF_HOME=str(home / ".hf"), XDG_CACHE_HOME=str(home / ".cache"), NODE_RANK="0",
                             MASTER="127.0.0.1")
         _tiny_imagenet(home / "imagenet")

@@ -1,7 +1,7 @@
 """A trained run's network as a distillation teacher file: weights only, in safetensors (data, no code).
 
     python scripts/train.py experiment=fmnist_teacher
-    python scripts/make_teacher.py logs/fmnist_teacher/runs/<time> conf/teachers/fmnist_resnet10t.safetensors
+    python scripts/make_teacher.py logs/fmnist_teacher/runs/<time> assets/teachers/fmnist_resnet10t.safetensors
 
 The run (a run directory: its best checkpoint, or a .ckpt file) must hold a timm model
 (``model=timm``); its safetensors metadata records the timm name, the run's ``model.kwargs`` and
@@ -22,15 +22,16 @@ from safetensors.torch import save
 from vitpipe.errors import ConfigError
 from vitpipe.export.check import check_logits
 from vitpipe.lit.distill import load_teacher
-from vitpipe.run.checkpoint import load_checkpoint, rebuild
+from vitpipe.run.checkpoint import rebuild
 from vitpipe.run.files import atomic_write
 from vitpipe.run.paths import resolve_ckpt_path
+from vitpipe.run.stored import config_of, load_checkpoint
 
 
 def make_teacher(run: str, out: str) -> Path:
     ckpt = resolve_ckpt_path(run, log_dir="logs", which="best")
     checkpoint = load_checkpoint(ckpt)
-    model = checkpoint["vitpipe_config"]["model"]
+    model = config_of(checkpoint)["model"]
     arch = model.get("name")
     if not arch or "timm_model" not in model.get("_target_", ""):  # before building anything
         raise ConfigError(f"{ckpt} holds no timm model (model=timm): a teacher file needs a timm architecture")

@@ -36,7 +36,7 @@ from vitpipe.run.csvfiles import dict_csv_text
 from vitpipe.run.files import atomic_write_text, save_figure
 
 PATCH = 4
-ROOT = Path(__file__).resolve().parents[2]
+VITPIPE = [sys.executable, "-m", "vitpipe"]  # the user's CLI, `vitpipe <command>`, with this interpreter
 
 
 BATCH = 128  # conf/data/fashion_mnist.yaml's batch_size
@@ -60,13 +60,13 @@ def train_command(log_dir: Path, *, grids: list[int], epochs: int, train_per_cla
             model.append(f"data.naflex.tokens_per_batch={tokens_per_batch}")
     else:
         model = ["model=vit_micro", f"model.img_size={PATCH * side}", "data.augment=false"]
-    return [sys.executable, str(ROOT / "scripts" / "train.py"), *model, *common]
+    return [*VITPIPE, "train", *model, *common]
 
 
 def eval_command(log_dir: Path, *, naflex: bool, side: int) -> list[str]:
     data = (["data.naflex.enabled=true", f"data.naflex.seq_lens=[{side * side}]", f"data.naflex.max_seq_len={side * side}"]
             if naflex else [f"data.img_size={PATCH * side}"])
-    return [sys.executable, str(ROOT / "scripts" / "eval.py"), "ckpt_path=last", "data=fashion_mnist", *data,
+    return [*VITPIPE, "eval", "ckpt_path=last", "data=fashion_mnist", *data,
             f"paths.log_dir={log_dir}"]
 
 
@@ -80,8 +80,7 @@ def run(cmd: list[str], log_dir: Path, task: str, *, tag: str) -> dict:
     done = log_dir / f"{tag}.json"
     if done.is_file():
         return json.loads(done.read_text())
-    print("$ " + shlex.join(["python", *[str(Path(c).relative_to(ROOT)) if c.startswith(str(ROOT)) else c
-                                         for c in cmd[1:]]]), flush=True)
+    print("$ " + shlex.join(["python", *cmd[1:]]), flush=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{tag}.log"
     with open(log, "w") as f:
