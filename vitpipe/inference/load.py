@@ -20,6 +20,7 @@ from vitpipe.errors import ConfigError
 from vitpipe.inference.labels import class_thresholds
 from vitpipe.inference.probs import calibration_temperature
 from vitpipe.kinds import TaskKind, kind_of_checkpoint
+from vitpipe.run.stored import config_of
 
 
 @dataclass
@@ -48,8 +49,9 @@ def load_predictor(ckpt_path, *, paths=None, task_name: str = "predict", device=
     thresholds.json beside the checkpoint fitted on it (``scripts/eval.py split=val tune_thresholds=true``),
     else the run's ``module.threshold``; tta and calibration.json do not apply (tta refused)."""
     from vitpipe.report.evaluation import unseen_flip_warning
-    from vitpipe.run.checkpoint import load_checkpoint, rebuild
+    from vitpipe.run.checkpoint import rebuild
     from vitpipe.run.paths import needs_kinds, resolve_ckpt_path
+    from vitpipe.run.stored import load_checkpoint
 
     check_tta(tta)
     path = resolve_ckpt_path(ckpt_path, log_dir=paths.log_dir if paths is not None else None, which="best",
@@ -70,10 +72,10 @@ def load_predictor(ckpt_path, *, paths=None, task_name: str = "predict", device=
                           "answers those: fine-tune it into a classifier first (model.pretrained=<its run>, docs/mae.md)")
     if kind.generates and tta != "none":
         raise ConfigError(f"tta={tta} applies to classifiers; this checkpoint is a captioner: drop tta")
-    warning = unseen_flip_warning(checkpoint.get("vitpipe_config"), tta)
+    warning = unseen_flip_warning(config_of(checkpoint), tta)
     if warning:  # the same averaging as eval's tta=hflip, the same loss on a network that never saw a flip
         print(f"vitpipe: warning: {warning}", file=sys.stderr, flush=True)
-    naflex = naflex_settings(checkpoint.get("vitpipe_config"))
+    naflex = naflex_settings(config_of(checkpoint))
     if naflex is not None and kind.generates:
         raise ConfigError("data.naflex is set on a captioner checkpoint; NaFlex prediction supports classifiers")
     preprocess = Preprocess(built.datamodule, net.encoder if kind.generates else net, naflex=naflex)

@@ -52,7 +52,8 @@ def kind_of(cfg) -> TaskKind:
 
 def kind_of_checkpoint(checkpoint_or_config) -> TaskKind | None:
     """The kind a checkpoint (a dict holding ``vitpipe_config``) or its stored config trained; None when it
-    stores no config or one that selects no kind (a file not written by vitpipe's train)."""
+    stores no config or one that selects no kind (a file not written by vitpipe's train). The key is
+    ``vitpipe.run.stored.CONFIG``, spelled here because kinds sit below ``run`` in the layers."""
     stored = checkpoint_or_config
     if isinstance(stored, Mapping) and "vitpipe_config" in stored:
         stored = stored["vitpipe_config"]

@@ -27,19 +27,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vitpipe.kinds import KINDS, kind_of_checkpoint
 from vitpipe.report.predictions import PREDICTIONS_FILE, read_multilabel_predictions
 from vitpipe.run.csvfiles import csv_text, read_csv, read_csv_dicts, write_csv
 from vitpipe.run.files import atomic_write_text
 from vitpipe.run.jsonfiles import read_json
 
 THRESHOLDS_FILE = "thresholds.json"
-
-
-def is_multilabel(stored: dict | None) -> bool:
-    """Whether a checkpoint's stored run config (``vitpipe.run.stored.CONFIG``) trained ``module.task=multilabel``."""
-    # kept for tasks/predict.py and tasks/export.py until they ask vitpipe.kinds.kind_of_checkpoint themselves
-    return kind_of_checkpoint(stored) is KINDS["multilabel"]
 
 
 # --------------------------------------------------------------------------- per-class report
