@@ -2,7 +2,7 @@
 
 ``trained_run`` is a real ``train()`` run (debug=fast: a run dir with metrics.json and
 .hydra/overrides.yaml). ``checkpoint(kind)`` builds model + data module + LightningModule through
-``vitpipe.tasks.train.build`` exactly as training does, gives every weight a random value (std 0.2 around 0,
+``vitpipe.run.build.build_from_config`` exactly as training does, gives every weight a random value (std 0.2 around 0,
 around 1 for norm scales: each weight moves the logits, and labels differ between images) and saves
 what a trained run saves: state_dict, the resolved config, class names.
 """
