@@ -23,6 +23,7 @@ from PIL import Image
 
 from vitpipe.errors import ConfigError
 from vitpipe.tasks import demo as demo_task
+from vitpipe.tasks import demo_model
 from vitpipe.tasks.predict import predict
 
 # a model on a non-square input (8 x 12 from the 8 x 8 digits): the overlay must keep the 2:3 aspect
@@ -78,9 +79,9 @@ def row_topk(row: dict) -> list[tuple[str, float]]:
 def test_page_top_k_equals_predict_py_for_the_same_files(ckpts, images, tmp_path, kind, tta):
     ckpt = ckpts(kind)
     expected = predict_json(tmp_path / "p", ckpt, images, "topk=5", f"tta={tta}")
-    model = demo_task.load_model(demo_cfg(tmp_path / "d", ckpt, f"tta={tta}"))
+    model = demo_model.load_model(demo_cfg(tmp_path / "d", ckpt, f"tta={tta}"))
     for path in sorted(images.iterdir()):
-        got = demo_task.show(model, path, "rollout", topk=5).probs
+        got = demo_model.show(model, path, "rollout", topk=5).probs
         want = row_topk(expected[path.name])
         assert [name for name, _ in want] == list(got), path.name  # the same labels, in the same order
         np.testing.assert_allclose([got[n] for n, _ in want], [p for _, p in want], atol=1e-5, rtol=0)
@@ -95,22 +96,22 @@ def test_page_applies_the_calibration_temperature_predict_py_applies(ckpts, imag
     ckpt = tmp_path / "run" / "checkpoints" / "epoch_000.ckpt"
     ckpt.parent.mkdir(parents=True)
     shutil.copy(ckpts("learned"), ckpt)
-    plain = demo_task.load_model(demo_cfg(tmp_path / "plain", ckpt))
+    plain = demo_model.load_model(demo_cfg(tmp_path / "plain", ckpt))
     write_calibration(ckpt.parent, 2.5, identity=checkpoint_identity(ckpt, load_checkpoint(ckpt)), tta="none")
     expected = predict_json(tmp_path / "p", ckpt, images, "topk=3")
-    model = demo_task.load_model(demo_cfg(tmp_path / "d", ckpt))
+    model = demo_model.load_model(demo_cfg(tmp_path / "d", ckpt))
     assert model.loaded.temperature == 2.5 and "calibration temperature 2.5" in model.facts["Checkpoint"]
     for path in sorted(images.iterdir()):
-        got = demo_task.show(model, path, "rollout", topk=3).probs
+        got = demo_model.show(model, path, "rollout", topk=3).probs
         want = row_topk(expected[path.name])
         np.testing.assert_allclose([got[n] for n, _ in want], [p for _, p in want], atol=1e-5, rtol=0)
-        assert max(got.values()) < max(demo_task.show(plain, path, "rollout").probs.values())  # T > 1 flattens
+        assert max(got.values()) < max(demo_model.show(plain, path, "rollout").probs.values())  # T > 1 flattens
 
 
 @pytest.mark.parametrize("method", ["rollout", "gradient"])
 def test_overlay_keeps_the_model_inputs_shape_and_aspect(ckpts, images, tmp_path, method):
-    model = demo_task.load_model(demo_cfg(tmp_path, ckpts("demo_wide")))
-    shown = demo_task.show(model, images / "photo.png", method, display_size=100)
+    model = demo_model.load_model(demo_cfg(tmp_path, ckpts("demo_wide")))
+    shown = demo_model.show(model, images / "photo.png", method, display_size=100)
     assert tuple(shown.attention.shape) == (4, 6)  # the 8 x 12 input on 2 x 2 patches
     assert shown.display.shape == shown.overlay.shape == (72, 108, 3)  # x9: the longer side >= 100, 2:3 kept
     assert shown.overlay.dtype == np.uint8 and not np.array_equal(shown.overlay, shown.display)
@@ -125,25 +126,25 @@ def test_naflex_page_equals_predict_py_and_draws_rollout_at_the_images_own_aspec
     rng = np.random.default_rng(2)
     Image.fromarray(rng.integers(0, 255, (8, 24), dtype=np.uint8)).save(folder / "wide.png")  # 1:3
     expected = row_topk(predict_json(tmp_path / "p", ckpt, folder, "topk=3")["wide.png"])
-    model = demo_task.load_model(demo_cfg(tmp_path / "d", ckpt))
-    shown = demo_task.show(model, folder / "wide.png", "rollout", topk=3, display_size=60)
+    model = demo_model.load_model(demo_cfg(tmp_path / "d", ckpt))
+    shown = demo_model.show(model, folder / "wide.png", "rollout", topk=3, display_size=60)
     assert list(shown.probs) == [n for n, _ in expected]
     np.testing.assert_allclose(list(shown.probs.values()), [p for _, p in expected], atol=1e-5, rtol=0)
     assert tuple(shown.attention.shape) == (2, 6)  # 12 patches at 1:3
     assert shown.display.shape == shown.overlay.shape == (20, 60, 3)  # the 4 x 12 pixels the model saw, x5
     with pytest.raises(ConfigError, match="NaFlex .* choose rollout"):
-        demo_task.show(model, folder / "wide.png", "gradient")
+        demo_model.show(model, folder / "wide.png", "gradient")
 
 
 def test_gradient_and_plain_rollout_differ_and_follow_the_models_rollout(ckpts, images, tmp_path):
     from vitpipe.viz.rollout import gradient_rollout, rollout_for_model
 
-    model = demo_task.load_model(demo_cfg(tmp_path, ckpts("learned")))
+    model = demo_model.load_model(demo_cfg(tmp_path, ckpts("learned")))
     path = sorted(images.glob("*.png"))[0]
-    x = demo_task.model_input(model, path)
-    _, top, _ = demo_task.top_k(model, x, 1)
-    plain = demo_task.show(model, path, "rollout").attention
-    grad = demo_task.show(model, path, "gradient").attention
+    x = demo_model.model_input(model, path)
+    _, top, _ = demo_model.top_k(model, x, 1)
+    plain = demo_model.show(model, path, "rollout").attention
+    grad = demo_model.show(model, path, "gradient").attention
     torch.testing.assert_close(plain, rollout_for_model(model.net, x)[0])
     torch.testing.assert_close(grad, gradient_rollout(model.net, x, top)[0])
     assert not torch.allclose(plain, grad)
@@ -154,7 +155,7 @@ def test_facts_name_architecture_data_and_the_runs_test_accuracy(ckpts, tmp_path
     metrics = ckpt.parent.parent / "metrics.json"
     metrics.write_text(json.dumps({"test/acc": 0.8125, "test/loss": 0.5}))
     try:
-        facts = demo_task.load_model(demo_cfg(tmp_path, ckpt)).facts
+        facts = demo_model.load_model(demo_cfg(tmp_path, ckpt)).facts
     finally:
         metrics.unlink()
     assert facts["Test accuracy"].startswith("0.8125")
@@ -172,14 +173,14 @@ def test_captioner_page_gives_predict_pys_caption_and_one_map_per_word(ckpts, tm
     for i in range(2):
         Image.fromarray(rng.integers(0, 255, (40, 30, 3), dtype=np.uint8)).save(folder / f"img{i}.png")
     expected = predict_json(tmp_path / "p", ckpt, folder)
-    model = demo_task.load_model(demo_cfg(tmp_path / "d", ckpt))
+    model = demo_model.load_model(demo_cfg(tmp_path / "d", ckpt))
     assert model.facts["Architecture"].startswith("captioner: ViT")
     for path in sorted(folder.iterdir()):
-        shown = demo_task.caption_image(model, path, display_size=64)
+        shown = demo_model.caption_image(model, path, display_size=64)
         assert shown.caption == expected[path.name]["caption"] == " ".join(shown.words)
         assert len(shown.overlays) == len(shown.words) == shown.attention.shape[0] > 0
         assert all(o.shape == shown.display.shape for o in shown.overlays)
-        x = demo_task.model_input(model, path)  # the maps are the decoder's own cross-attention for those words
+        x = demo_model.model_input(model, path)  # the maps are the decoder's own cross-attention for those words
         hp = model.loaded.built.module.hparams
         ids, attn = model.net.generate(x, max_len=hp.max_gen_len, beam_size=hp.beam_size,
                                        length_penalty=hp.length_penalty, return_cross_attn=True)
@@ -194,11 +195,11 @@ def test_a_timm_cnn_gets_its_labels_without_an_attention_map(images, tmp_path, c
     overlay would be, hides the method switch, and a note says why; the facts name the timm network."""
     ckpt = tc.timm_checkpoint(tmp_path)
     expected = predict_json(tmp_path / "p", ckpt, images, "topk=5")
-    model = demo_task.load_model(demo_cfg(tmp_path / "d", ckpt))
+    model = demo_model.load_model(demo_cfg(tmp_path / "d", ckpt))
     assert "not a vitpipe ViT" in capfd.readouterr().err and not model.explainable
     assert model.facts["Architecture"].startswith("timm resnet10t (ResNet")
     for path in sorted(images.iterdir()):
-        shown = demo_task.show(model, path, "rollout", topk=5)
+        shown = demo_model.show(model, path, "rollout", topk=5)
         want = row_topk(expected[path.name])
         assert list(shown.probs) == [n for n, _ in want]
         assert list(shown.probs.values()) == pytest.approx([q for _, q in want], abs=1e-5)
@@ -288,11 +289,11 @@ def test_browser_radio_switches_the_overlay_to_gradient_rollout_and_back(served,
     ckpt, url, _ = served
     image = sorted(images.glob("*.png"))[0]
     cfg = demo_cfg(tmp_path, ckpt)  # the server's options: the config's defaults
-    model = demo_task.load_model(cfg)
+    model = demo_model.load_model(cfg)
     style = {k: cfg[k] for k in ("topk", "head_fusion", "discard_ratio", "alpha", "cmap", "display_size")}
     from vitpipe.inference.explain import METHODS
 
-    want = {m: demo_task.show(model, image, m, **style).overlay for m in METHODS}
+    want = {m: demo_model.show(model, image, m, **style).overlay for m in METHODS}
     assert mean_abs(want["rollout"], want["gradient"]) > 5  # the two overlays are told apart by far more than 1
     shown = [browser_page.upload(driver, url, image, timeout=60)]  # the config's method=rollout first
     for method in ("gradient", "rollout"):
@@ -348,7 +349,7 @@ def test_gradio_client_finds_the_documented_classify_endpoint_and_gets_predict_p
 
     ckpt = ckpts("learned")
     cfg = demo_cfg(tmp_path, ckpt, f"port={browser_page.free_port()}", "num_examples=0")
-    page = demo_task.build_page(demo_task.load_model(cfg), cfg, [])
+    page = demo_task.build_page(demo_model.load_model(cfg), cfg, [])
     page.queue()
     _, url, _ = page.launch(server_name="127.0.0.1", server_port=cfg.port, prevent_thread_lock=True, quiet=True,
                             ssr_mode=False)

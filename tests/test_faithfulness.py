@@ -99,7 +99,8 @@ def test_visualize_faithfulness_writes_the_table(tmp_path_factory, capsys):
     from PIL import Image
 
     from vitpipe.run.checkpoint import load_from_checkpoint
-    from vitpipe.tasks.visualize import split_images, visualize
+    from vitpipe.tasks.visualize import visualize
+    from vitpipe.viz.inputs import split_images
 
     tmp = tmp_path_factory.mktemp("faith")
     ckpt = tc.checkpoint("sincos2d", tmp_path_factory.mktemp("ckpt"))

@@ -342,9 +342,10 @@ def test_onnx_export_metadata_says_sigmoid_and_the_thresholds(trained, tmp_path)
 
 
 def test_gradient_rollout_explains_the_class_target_names(trained, tmp_path):
+    from vitpipe.inference.labels import class_index
     from vitpipe.run.checkpoint import rebuild
     from vitpipe.run.stored import load_checkpoint
-    from vitpipe.tasks.visualize import class_index, classifier_maps, visualize
+    from vitpipe.tasks.visualize import classifier_maps, visualize
     from vitpipe.viz.rollout import gradient_rollout
 
     names = class_names(trained)
@@ -373,24 +374,25 @@ def test_demo_page_shows_predicts_label_set_and_scores(trained, tmp_path):
     """The demo's answer for a multi-label checkpoint: predict's label set (at the same thresholds) and
     top-k sigmoid scores per file, gradient rollout of the highest-scoring class, test mAP in the facts."""
     from vitpipe.tasks import demo as demo_task
+    from vitpipe.tasks import demo_model
     from vitpipe.viz.rollout import gradient_rollout
 
     names = class_names(trained)
     rows = {Path(r["path"]).name: r for r in predict_rows(trained, "demo_ref", "topk=3")}
-    model = demo_task.load_model(make_cfg(tmp_path / "d", [f"ckpt_path={trained['ckpt']}", "device=cpu"],
+    model = demo_model.load_model(make_cfg(tmp_path / "d", [f"ckpt_path={trained['ckpt']}", "device=cpu"],
                                           config_name="demo"))
     assert "multi-label" in model.facts["Data"] and "Test mAP" in model.facts
     some = 0
     for path in sorted((trained["root"] / "test").rglob("*.png"))[:6]:
-        shown = demo_task.show(model, path, "gradient", topk=3)
+        shown = demo_model.show(model, path, "gradient", topk=3)
         row = rows[path.name]
         assert shown.labels == (row["labels"].split(";") if row["labels"] else [])
         assert list(shown.probs) == [row[f"top{r}_label"] for r in (1, 2, 3)]
         assert list(shown.probs.values()) == pytest.approx([float(row[f"top{r}_prob"]) for r in (1, 2, 3)], abs=1e-5)
-        x = demo_task.model_input(model, path)
+        x = demo_model.model_input(model, path)
         top = names.index(row["top1_label"])
         torch.testing.assert_close(shown.attention, gradient_rollout(model.net, x, top)[0].detach())
-        text = demo_task.label_set_text(shown.labels, shown.probs)
+        text = demo_model.label_set_text(shown.labels, shown.probs)
         assert all(n in text for n in shown.labels)
         some += len(shown.labels)
     assert some > 0
@@ -399,9 +401,9 @@ def test_demo_page_shows_predicts_label_set_and_scores(trained, tmp_path):
     page = demo_task.build_page(model, cfg, [])
     on_image = next(f for f in page.fns.values() if len(f.inputs) == 2)
     answer = on_image.fn(str(path), "gradient")
-    shown = demo_task.show(model, path, "gradient", topk=cfg.topk)
+    shown = demo_model.show(model, path, "gradient", topk=cfg.topk)
     assert len(answer) == len(on_image.outputs) == 4
-    assert answer[0] == demo_task.label_set_text(shown.labels, shown.probs) and answer[1] == shown.probs
+    assert answer[0] == demo_model.label_set_text(shown.labels, shown.probs) and answer[1] == shown.probs
     np.testing.assert_array_equal(answer[3], shown.overlay)
 
 

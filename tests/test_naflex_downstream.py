@@ -233,7 +233,8 @@ def test_export_onnx_dynamic_sequence_length(pos_embed, pool, tmp_path):
 
 
 def test_visualize_naflex_draws_each_image_at_its_aspect(ckpt, tmp_path):
-    from vitpipe.tasks.visualize import naflex_display, visualize
+    from vitpipe.tasks.visualize import visualize
+    from vitpipe.viz.inputs import naflex_display
 
     folder = tmp_path / "imgs"
     image_folder(folder)

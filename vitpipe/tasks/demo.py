@@ -41,20 +41,13 @@ from torch import Tensor
 from vitpipe.config.preflight import preflight
 from vitpipe.errors import ConfigError
 from vitpipe.inference.explain import METHODS, check_method, methods_for
-from vitpipe.tasks.demo_model import (  # what the page shows for one image; the names tests and tools call here
-    Captioned,
+from vitpipe.tasks.demo_model import (  # what the page shows for one image
     DemoModel,
-    Shown,
     caption_image,
     label_set_text,
     load_model,
-    model_input,
     show,
-    top_k,
 )
-
-__all__ = ["Captioned", "DemoModel", "Shown", "build_page", "caption_image", "demo", "import_gradio",
-           "label_set_text", "load_model", "model_input", "show", "split_examples", "top_k"]
 
 METHOD_TITLES = {"rollout": "attention rollout", "gradient": "gradient rollout (predicted class)"}  # METHODS' names
 INSTALL = 'pip install -e ".[serve]"'

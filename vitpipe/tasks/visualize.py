@@ -33,7 +33,6 @@ from tqdm import tqdm
 
 from vitpipe.config.build import resolve_device
 from vitpipe.config.options import SPLITS
-from vitpipe.config.options import VISUALIZE_METHODS as METHODS  # explain's methods, "heads", "all"
 from vitpipe.config.preflight import preflight
 from vitpipe.data.images import open_image
 from vitpipe.data.preprocess import naflex_settings
@@ -50,14 +49,13 @@ from vitpipe.run.outputs import Input, checkpoint_inputs, prepare_output
 from vitpipe.run.paths import needs_kinds, resolve_ckpt_path
 from vitpipe.run.stored import config_of, load_checkpoint
 from vitpipe.viz.faithfulness import faithfulness_table, format_table
-from vitpipe.viz.inputs import IMAGE_SUFFIXES, Images, data_stats, folder_images, naflex_display, split_images
+from vitpipe.viz.inputs import IMAGE_SUFFIXES, data_stats, folder_images, naflex_display, split_images
 from vitpipe.viz.overlay import overlay, overlay_grid, save_figure, to_numpy_image
 from vitpipe.viz.rollout import attention_maps, cross_attention_maps
 
 # what visualize draws, per method= (each also the name of its folder and grid file: <out>/gradient/,
 # gradient_grid.png); the options themselves are checked by preflight(cfg, "visualize")
-__all__ = ["IMAGE_SUFFIXES", "METHODS", "SPLITS", "Images", "class_index", "classifier_maps", "data_stats",
-           "folder_images", "kinds_for", "naflex_display", "split_images", "visualize"]
+
 
 
 # --------------------------------------------------------------------------- methods
