@@ -123,3 +123,34 @@ def test_kv_cache_with_rope_equals_full_recompute():
     cache = KVCache()
     steps = [m(x[:, t : t + 1], is_causal=True, cache=cache, rope=(cos[t : t + 1], sin[t : t + 1])) for t in range(6)]
     assert (torch.cat(steps, 1) - full).abs().max() < 1e-5
+
+
+def test_a_float_bias_with_a_boolean_mask_is_one_thing_in_both_paths():
+    """attn_bias is added to the logits, in SDPA (folded with the mask into one float mask) and in the
+    explicit path alike; need_logits returns those logits, -inf where masked, softmax = the weights."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(32, 4).eval()
+    x, bias = torch.randn(2, 7, 32), torch.randn(1, 4, 7, 7)
+    mask = torch.rand(2, 1, 7, 7) > 0.3
+    mask[..., 0] = True  # every query keeps a key
+    fused = attn(x, attn_bias=bias, attn_mask=mask)
+    out, weights = attn(x, attn_bias=bias, attn_mask=mask, need_weights=True)
+    _, logits = attn(x, attn_bias=bias, attn_mask=mask, need_logits=True)
+    torch.testing.assert_close(fused, out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits.softmax(-1), weights)
+    assert torch.isneginf(logits[~mask.expand(2, 4, 7, 7)]).all()
+    q, k, _ = attn.qkv(x).view(2, 7, 3, 4, 8).permute(2, 0, 3, 1, 4)
+    expected = (q @ k.transpose(-2, -1)) * 8**-0.5 + bias  # the scale on q.k, then the bias
+    torch.testing.assert_close(logits[mask.expand(2, 4, 7, 7)], expected[mask.expand(2, 4, 7, 7)], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(fused, attn(x, attn_mask=mask), atol=1e-3)  # the bias does something
+
+
+def test_a_bias_on_causal_attention_keeps_it_causal_with_and_without_a_cache():
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(16, 2).eval()
+    x, bias = torch.randn(1, 6, 16), torch.randn(1, 2, 6, 6)
+    full = attn(x, is_causal=True, attn_bias=bias)
+    cache, steps = KVCache(), []
+    for t in range(6):
+        steps.append(attn(x[:, t : t + 1], is_causal=True, cache=cache, attn_bias=bias[:, :, t : t + 1, : t + 1]))
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)

@@ -11,6 +11,12 @@ The mode is fixed at construction, as timm and DINOv2 separate ``Attention`` fro
 Both modes then take the same ``_attend``: ``F.scaled_dot_product_attention``, or, when the weights
 are asked for (``need_weights=True``), an explicit softmax for that call only, so attention maps
 never depend on hooks or a process-wide switch (hooks record nothing once SDPA is on).
+``need_logits=True`` returns the pre-softmax logits of the same explicit path (attention health).
+
+``attn_bias`` is a float tensor added to the logits (relative position bias: BEiT, Swin, T5); SDPA
+takes it, with any boolean mask folded in as -inf, as its float ``attn_mask``. An ``attn_mask`` that is
+a ``torch.nn.attention.flex_attention.BlockMask`` (a sparse pattern, ``vitpipe.nn.patterns``) goes to
+``flex_attention``, which never builds the (N, M) matrix where torch compiles it for the device.
 """
 
 from __future__ import annotations
@@ -22,6 +28,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitpipe.nn.rope import apply_rope
+
+try:  # torch >= 2.5
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+except ImportError:  # pragma: no cover - older torch: dense masks only
+    BlockMask, flex_attention = None, None
 
 
 @dataclass
@@ -129,53 +140,79 @@ class MultiHeadAttention(nn.Module):
         x: Tensor,
         context: Tensor | None = None,
         *,
-        attn_mask: Tensor | None = None,
+        attn_mask=None,
+        attn_bias: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
         is_causal: bool = False,
         need_weights: bool = False,
+        need_logits: bool = False,
         cache: KVCache | None = None,
         rope: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``x`` (B, N, dim) to itself (self-attention) or to ``context`` (B, M, context_dim).
 
-        attn_mask: bool, True = may attend, broadcastable to (B, heads, N, M).
+        attn_mask: bool, True = may attend, broadcastable to (B, heads, N, M); or a flex ``BlockMask``.
+        attn_bias: float, added to the logits, broadcastable to (B, heads, N, M).
         key_padding_mask: bool (B, M), True = padding (ignored), as in ``nn.MultiheadAttention``.
         is_causal: query i sees keys up to its own position (the last N of M with a cache).
         cache: a ``KVCache`` for incremental decoding (see the module docstring).
         rope: (cos, sin), each (N, head_dim), rotary phases of q and k (self-attention only).
-        Returns (B, N, dim), or (out, weights (B, heads, N, M)) when ``need_weights``.
+        Returns (B, N, dim), or (out, weights (B, heads, N, M)) when ``need_weights``, or (out,
+        pre-softmax logits (B, heads, N, M), masked entries -inf) when ``need_logits``.
         """
         if self.is_cross and (context is None or rope is not None):
             raise ValueError("cross-attention (built with context_dim) needs context= and takes no rope")
         if not self.is_cross and context is not None:
             raise ValueError("self-attention (built with context_dim=None) takes no context; set context_dim for cross")
         q, k, v = self._cross_qkv(x, context, cache) if self.is_cross else self._self_qkv(x, cache, rope)
-        out, weights = self._attend(q, k, v, attn_mask, key_padding_mask, is_causal, need_weights)
+        if BlockMask is not None and isinstance(attn_mask, BlockMask):
+            out, weights = self._attend_flex(q, k, v, attn_mask, attn_bias, key_padding_mask, is_causal,
+                                             need_weights or need_logits)
+        else:
+            out, weights = self._attend(q, k, v, attn_mask, attn_bias, key_padding_mask, is_causal,
+                                        need_weights, need_logits)
         out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)  # (B, N, dim)
         out = self.proj_drop(self.proj(out))
-        return (out, weights) if need_weights else out
+        return (out, weights) if need_weights or need_logits else out
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, attn_mask, key_padding_mask, is_causal: bool,
-                need_weights: bool) -> tuple[Tensor, Tensor | None]:
-        """q (B, heads, N, head_dim), k/v (B, heads, M, head_dim) -> (out (B, heads, N, head_dim), weights or None)."""
+    def _attend_flex(self, q: Tensor, k: Tensor, v: Tensor, block_mask, attn_bias, key_padding_mask,
+                     is_causal: bool, explicit: bool) -> tuple[Tensor, None]:
+        """A sparse pattern through ``flex_attention``: only the blocks the mask keeps are computed."""
+        if explicit or attn_bias is not None or key_padding_mask is not None or is_causal:
+            raise ValueError("a flex BlockMask pattern takes no need_weights/need_logits, attn_bias, key_padding_mask "
+                             "or is_causal; pass the pattern as a boolean attn_mask for those")
+        if self.training and self.attn_drop > 0:
+            raise ValueError(f"attention dropout ({self.attn_drop}) is not supported with a flex BlockMask pattern")
+        return flex_attention(q, k, v, block_mask=block_mask, scale=self.scale), None
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, attn_mask, attn_bias, key_padding_mask, is_causal: bool,
+                need_weights: bool, need_logits: bool = False) -> tuple[Tensor, Tensor | None]:
+        """q (B, heads, N, head_dim), k/v (B, heads, M, head_dim) -> (out (B, heads, N, head_dim),
+        weights, logits or None)."""
         N, M = q.shape[2], k.shape[2]
         mask = None if attn_mask is None else attn_mask.to(torch.bool)
         if key_padding_mask is not None:
             keep = ~key_padding_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, M)
             mask = keep if mask is None else mask & keep
         # SDPA's own causal flag is exact only for N == M with no other mask; else an explicit mask
-        sdpa_causal = is_causal and mask is None and N == M and not need_weights
+        explicit = need_weights or need_logits
+        sdpa_causal = is_causal and mask is None and attn_bias is None and N == M and not explicit
         if is_causal and not sdpa_causal:
             causal = causal_mask(N, M, device=q.device)
             mask = causal if mask is None else mask & causal
         drop = self.attn_drop if self.training else 0.0
-        if not need_weights:
+        if not explicit:
+            if attn_bias is not None:  # one float mask: the bias, -inf where the boolean mask forbids
+                bias = attn_bias.to(q.dtype)
+                mask = bias if mask is None else torch.where(mask, bias, float("-inf"))
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, is_causal=sdpa_causal), None
         attn = (q * self.scale) @ k.transpose(-2, -1)  # (B, heads, N, M)
+        if attn_bias is not None:
+            attn = attn + attn_bias.to(attn.dtype)
         if mask is not None:
             attn = attn.masked_fill(~mask, float("-inf"))
         weights = attn.softmax(dim=-1)
-        return F.dropout(weights, drop) @ v, weights
+        return F.dropout(weights, drop) @ v, attn if need_logits else weights
 
 
 def _divisors(n: int) -> list[int]:

@@ -18,12 +18,14 @@ def _scale(dim: int, init_values: float | None) -> nn.Module:
 
 
 class EncoderBlock(nn.Module):
-    """x + attn(norm(x)), then x + mlp(norm(x))."""
+    """x + attn(norm(x)), then x + mlp(norm(x)); with ``res_post_norm`` x + norm(attn(x)), then
+    x + norm(mlp(x)) (Swin-V2's residual post-norm, timm's ``ResPostRelPosBlock``)."""
 
     def __init__(self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0, qkv_bias: bool = True,
                  qk_norm: bool = False, proj_drop: float = 0.0, attn_drop: float = 0.0, drop_path: float = 0.0,
-                 init_values: float | None = None) -> None:
+                 init_values: float | None = None, res_post_norm: bool = False) -> None:
         super().__init__()
+        self.res_post_norm = res_post_norm
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = MultiHeadAttention(dim, num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm,
                                        attn_drop=attn_drop, proj_drop=proj_drop)
@@ -31,15 +33,32 @@ class EncoderBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
         self.ls2, self.drop_path2 = _scale(dim, init_values), DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        if res_post_norm:  # no LayerScale: the norms' gains start at init_values instead (timm)
+            self.ls1 = self.ls2 = nn.Identity()
+            if init_values:
+                nn.init.constant_(self.norm1.weight, init_values)
+                nn.init.constant_(self.norm2.weight, init_values)
 
-    def forward(self, x: Tensor, *, rope=None, key_padding_mask: Tensor | None = None,
-                need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """x (B, N, dim); key_padding_mask (B, N) bool, True = padding no token attends to."""
-        y = self.attn(self.norm1(x), rope=rope, key_padding_mask=key_padding_mask, need_weights=need_weights)
-        y, weights = y if need_weights else (y, None)
-        x = x + self.drop_path1(self.ls1(y))
-        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        return (x, weights) if need_weights else x
+    def forward(self, x: Tensor, *, rope=None, key_padding_mask: Tensor | None = None, attn_mask=None,
+                attn_bias: Tensor | None = None, need_weights: bool = False,
+                need_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """x (B, N, dim); key_padding_mask (B, N) bool, True = padding no token attends to; attn_mask
+        and attn_bias as for ``MultiHeadAttention``. Returns x, or (x, weights or logits)."""
+        explicit = need_weights or need_logits
+        y = self.attn(self.attn_input(x), rope=rope, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+                      attn_bias=attn_bias, need_weights=need_weights, need_logits=need_logits)
+        y, weights = y if explicit else (y, None)
+        if self.res_post_norm:  # timm's ResPostRelPosBlock (Swin-V2): the norm on the branch's output
+            x = x + self.drop_path1(self.norm1(y))
+            x = x + self.drop_path2(self.norm2(self.mlp(x)))
+        else:
+            x = x + self.drop_path1(self.ls1(y))
+            x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return (x, weights) if explicit else x
+
+    def attn_input(self, x: Tensor) -> Tensor:
+        """What the attention of this block reads: norm1(x), or x itself with the residual post-norm."""
+        return x if self.res_post_norm else self.norm1(x)
 
 
 class DecoderBlock(nn.Module):
@@ -65,11 +84,12 @@ class DecoderBlock(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: Tensor, context: Tensor | None = None, *, attn_mask: Tensor | None = None,
-                key_padding_mask: Tensor | None = None, self_cache: KVCache | None = None,
-                cross_cache: KVCache | None = None, need_weights: bool = False):
+                attn_bias: Tensor | None = None, key_padding_mask: Tensor | None = None,
+                self_cache: KVCache | None = None, cross_cache: KVCache | None = None, need_weights: bool = False):
         """x (B, T, dim); context (B, M, context_dim). With ``attn_mask`` given, it replaces the causal
-        mask (prefix-LM). Returns x, or (x, self_weights, cross_weights or None) when ``need_weights``."""
-        y = self.self_attn(self.norm1(x), attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+        mask (prefix-LM). ``attn_bias``: added to the self-attention logits (T5's relative positions).
+        Returns x, or (x, self_weights, cross_weights or None) when ``need_weights``."""
+        y = self.self_attn(self.norm1(x), attn_mask=attn_mask, attn_bias=attn_bias, key_padding_mask=key_padding_mask,
                            is_causal=attn_mask is None, cache=self_cache, need_weights=need_weights)
         y, w_self = y if need_weights else (y, None)
         x = x + self.drop_path(y)
