@@ -235,9 +235,10 @@ class ViT(nn.Module):
         rope = self.pos_embed.phases_naflex(coord, sizes) if isinstance(self.pos_embed, RoPE2D) else None
         return x, padding, rope
 
-    def forward_features(self, x: Tensor | dict, *, return_attn: bool = False):
+    def forward_features(self, x: Tensor | dict, *, return_attn: bool = False, return_logits: bool = False):
         """Tokens (B, P + h*w, dim) after the final norm; with ``return_attn`` also the list of
-        ``depth`` attention tensors (B, heads, N, N) from the explicit path, for this call only.
+        ``depth`` attention tensors (B, heads, N, N) from the explicit path, for this call only;
+        with ``return_logits`` the list of their pre-softmax logits instead (scaled q.k plus any bias).
 
         For a patch dict the tokens are (B, P + N, dim) in its order; padding tokens hold values
         that no valid token has seen (``forward_head`` takes ``patch_valid`` to pool without them)."""
@@ -249,15 +250,16 @@ class ViT(nn.Module):
             rope = self.pos_embed.phases(grid, device=x.device) if isinstance(self.pos_embed, RoPE2D) else None
         attentions = []
         for blk in self.blocks:
-            if return_attn:
-                x, w = blk(x, rope=rope, key_padding_mask=padding, need_weights=True)
+            if return_attn or return_logits:
+                x, w = blk(x, rope=rope, key_padding_mask=padding, need_weights=return_attn and not return_logits,
+                           need_logits=return_logits)
                 attentions.append(w)
             elif self.grad_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(blk, x, rope=rope, key_padding_mask=padding, use_reentrant=False)
             else:
                 x = blk(x, rope=rope, key_padding_mask=padding)
         x = self.norm(x)
-        return (x, attentions) if return_attn else x
+        return (x, attentions) if return_attn or return_logits else x
 
     def forward_head(self, x: Tensor, *, pre_logits: bool = False, patch_valid: Tensor | None = None) -> Tensor:
         """Pooled tokens -> logits; ``patch_valid`` (B, N) restricts mean pooling to valid patches."""

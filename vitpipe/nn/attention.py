@@ -205,7 +205,8 @@ class MultiHeadAttention(nn.Module):
             if attn_bias is not None:  # one float mask: the bias, -inf where the boolean mask forbids
                 bias = attn_bias.to(q.dtype)
                 mask = bias if mask is None else torch.where(mask, bias, float("-inf"))
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, is_causal=sdpa_causal), None
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, is_causal=sdpa_causal, scale=self.scale)
+            return out, None
         attn = (q * self.scale) @ k.transpose(-2, -1)  # (B, heads, N, M)
         if attn_bias is not None:
             attn = attn + attn_bias.to(attn.dtype)
