@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -34,17 +35,37 @@ def _train_cli(*args, timeout=600, multirun=False, script="train.py", env=None):
 
 def _start_cli(*args, multirun=False, script="train.py", env=None) -> subprocess.Popen:
     cmd = [sys.executable, str(ROOT / "scripts" / script), *(["-m"] if multirun else []), *args]
+    # its own session, so a timeout reaches every process it started (DDP ranks, loader workers);
+    # PYTHONFAULTHANDLER: each of them prints its threads' stacks on the SIGABRT that timeout sends
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", **(env or {})})
+                            start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+                                 "PYTHONFAULTHANDLER": "1", **(env or {})})
 
 
 def _finish(p: subprocess.Popen, timeout=600) -> subprocess.CompletedProcess:
+    """Wait for ``p``; past ``timeout`` every process of its session dumps its stacks and is killed,
+    and the failure shows where each one stood (a hang names its frame instead of only its time)."""
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        p.kill()
-        raise
+        _signal_session(p, signal.SIGABRT)
+        try:
+            out, err = p.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            out, err = "", ""
+        _signal_session(p, signal.SIGKILL)
+        p.wait()
+        raise AssertionError(f"timed out after {timeout} s: {' '.join(map(str, p.args))[-500:]}\n"
+                             f"stdout: {out[-2000:]}\nstderr (stacks of every process): {err[-12000:]}") from None
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def _signal_session(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)  # the session's process group: its id is the leader's pid
+    except ProcessLookupError:
+        pass
 
 
 def _free_port() -> str:
