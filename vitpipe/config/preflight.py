@@ -190,12 +190,18 @@ def check_labels_used(cfg: DictConfig) -> None:
 
 
 def check_naflex_module(cfg: DictConfig) -> None:
-    """``data.naflex.enabled=true`` feeds patch dicts: mixup and a distillation teacher need whole images.
+    """``data.naflex.enabled=true`` feeds patch dicts: mixup, a distillation teacher and relative position
+    bias need whole images.
     Refused here, before data loads (the module repeats the check for code that builds it by hand)."""
     data, module = cfg.get("data"), cfg.get("module")
     naflex = data.get("naflex") if isinstance(data, DictConfig) else None
     if not isinstance(naflex, DictConfig) or not naflex.get("enabled") or not isinstance(module, DictConfig):
         return
+    model = cfg.get("model")
+    rel_pos = model.get("rel_pos", "none") if isinstance(model, DictConfig) else "none"
+    if rel_pos not in (None, "none"):
+        raise ConfigError(f"data.naflex.enabled=true feeds patch dicts: model.rel_pos={rel_pos} takes image tensors; "
+                          "set model.rel_pos=none (absolute or rope2d positions) or data.naflex.enabled=false")
     distill = module.get("distill")
     for key, on in (("module.mixup", bool(module.get("mixup"))),
                     ("module.distill.teacher", isinstance(distill, DictConfig) and distill.get("teacher") is not None)):

@@ -32,6 +32,7 @@ from vitpipe.models.registry import TIMM_NAMES, VARIANTS
 from vitpipe.models.timm_compat import (
     naflex_arch,
     naflex_timm_kwargs,
+    timm_arch_of,
     timm_kwargs,
     to_timm,
     to_timm_naflex,
@@ -49,6 +50,8 @@ def timm_arch(net: nn.Module, spec: InputSpec | None = None) -> str:
     if spec is not None and spec.max_seq_len is not None:
         naflex_timm_kwargs(net)  # ConfigError naming what a NaFlexVit cannot express
         return naflex_arch(net)
+    if getattr(net, "rel_pos_kind", "none") != "none":
+        return timm_arch_of(net, GENERIC_ARCH)  # VisionTransformerRelPos or Beit; ConfigError where neither fits
     kw = timm_kwargs(net)
     for name, dims in VARIANTS.items():
         same = (dims["dim"], dims["depth"], dims["num_heads"]) == (kw["embed_dim"], kw["depth"], kw["num_heads"])

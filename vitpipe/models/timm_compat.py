@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from vitpipe.errors import ConfigError
+from vitpipe.models.timm_relpos import TIMM_RELPOS_CLASSES, from_timm_relpos, timm_relpos_arch, to_timm_relpos
 from vitpipe.models.vit import ViT
 from vitpipe.nn.patch_embed import PatchEmbed
 from vitpipe.nn.pos_embed import (
@@ -62,9 +63,12 @@ def vit_kwargs_from_timm(tm: nn.Module) -> dict:
 
 
 def from_timm(tm: nn.Module) -> ViT:
-    """A vitpipe ViT with the architecture and weights of a timm ``VisionTransformer`` or ``NaFlexVit``."""
+    """A vitpipe ViT with the architecture and weights of a timm ``VisionTransformer``, ``NaFlexVit``,
+    ``VisionTransformerRelPos`` or ``Beit`` (``vitpipe.models.timm_relpos``)."""
     if type(tm).__name__ == "NaFlexVit":
         return from_timm_naflex(tm)
+    if type(tm).__name__ in TIMM_RELPOS_CLASSES:
+        return from_timm_relpos(tm)
     model = ViT(**vit_kwargs_from_timm(tm))
     sd = timm_to_vitpipe(tm.state_dict(), num_prefix_tokens=0 if tm.no_embed_class else tm.num_prefix_tokens,
                          model=model)
@@ -176,6 +180,7 @@ def timm_kwargs(model: ViT) -> dict:
     cannot express. Fixed sin-cos tables become timm's position table holding the fixed values
     (``no_embed_class``: prefix tokens get no position, as in vitpipe)."""
     parts = _unmapped_parts(model, [
+        (getattr(model, "rel_pos_kind", "none") != "none", "relative position bias (timm_relpos_arch builds it)"),
         (isinstance(getattr(model, "pos_embed", None), RoPE2D), "rope2d positions (rotary q/k)"),
         (isinstance(getattr(model, "pos_embed", None), Learned2DPosEmbed),
          "learned2d positions (a row table plus a column table)")])
@@ -196,6 +201,11 @@ def timm_kwargs(model: ViT) -> dict:
     }
 
 
+def timm_arch_of(model: ViT, arch: str) -> str:
+    """``arch`` for a plain ViT; timm's relative-position entry point for a model with ``rel_pos``."""
+    return timm_relpos_arch(model) if getattr(model, "rel_pos_kind", "none") != "none" else arch
+
+
 def _unmapped_parts(model, pos_parts: list[tuple[bool, str]]) -> list[str]:
     """What of ``model`` a timm class cannot express: the position kinds flagged in ``pos_parts``
     (condition, description), the conv stem, a distillation token; or that it is no vitpipe ViT."""
@@ -208,9 +218,12 @@ def _unmapped_parts(model, pos_parts: list[tuple[bool, str]]) -> list[str]:
 
 def to_timm(model: ViT, arch: str = "vit_base_patch16_224") -> nn.Module:
     """A timm ``VisionTransformer`` (built through ``timm.create_model(arch, **timm_kwargs(model))``,
-    so timm records its arguments) with ``model``'s weights: the inverse of ``from_timm``."""
+    so timm records its arguments) with ``model``'s weights: the inverse of ``from_timm``. A model with
+    relative position bias becomes timm's ``VisionTransformerRelPos`` or ``Beit`` (``timm_arch`` names it)."""
     import timm
 
+    if getattr(model, "rel_pos_kind", "none") != "none":
+        return to_timm_relpos(model, arch if arch.startswith(("vit_relpos", "beit")) else None)
     tm = timm.create_model(arch, pretrained=False, **timm_kwargs(model))
     sd = vitpipe_to_timm(model.state_dict())
     if isinstance(model.pos_embed, SinCosPosEmbed):

@@ -29,6 +29,7 @@ from vitpipe.nn.blocks import EncoderBlock
 from vitpipe.nn.naflex import check_batch, grid_sizes
 from vitpipe.nn.patch_embed import STEMS, to_2tuple
 from vitpipe.nn.pos_embed import RoPE2D, build_pos_embed
+from vitpipe.nn.rel_pos import REL_POS_KINDS, build_rel_pos
 
 POOLS = ("cls", "mean")
 
@@ -74,6 +75,11 @@ class ViT(nn.Module):
         grad_checkpointing: bool = False,
         flexi_patch_sizes: list[int] | None = None,
         pos_embed_ar_preserving: bool = True,
+        rel_pos: str = "none",
+        rel_pos_shared: bool = False,
+        rel_pos_dim: int | None = None,
+        res_post_norm: bool = False,
+        fc_norm: bool | None = None,
     ) -> None:
         super().__init__()
         # pos_embed and num_heads are checked where they are used: build_pos_embed, MultiHeadAttention
@@ -85,6 +91,10 @@ class ViT(nn.Module):
             raise ValueError("pool='cls' needs class_token=True; use pool='mean' for a model without a class token")
         if dist_token and pool != "cls":
             raise ValueError("dist_token=True reads its head from a token, as the class head does: it needs pool='cls'")
+        if rel_pos not in REL_POS_KINDS:
+            raise ValueError(f"unknown rel_pos={rel_pos!r}; valid choices: {', '.join(REL_POS_KINDS)}")
+        if fc_norm is not None and not isinstance(fc_norm, bool):
+            raise TypeError(f"fc_norm={fc_norm!r}; use null (by pool), true or false")
 
         self.patch_embed = STEMS[stem](img_size, patch_size, in_chans, dim)
         self.img_size, self.patch_size = self.patch_embed.img_size, self.patch_embed.patch_size
@@ -111,11 +121,21 @@ class ViT(nn.Module):
         rates = torch.linspace(0, drop_path_rate, depth).tolist()
         self.blocks = nn.ModuleList(
             EncoderBlock(dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, qk_norm=qk_norm,
-                         proj_drop=drop_rate, attn_drop=attn_drop_rate, drop_path=r, init_values=init_values)
+                         proj_drop=drop_rate, attn_drop=attn_drop_rate, drop_path=r, init_values=init_values,
+                         res_post_norm=res_post_norm)
             for r in rates
         )
-        self.norm = nn.LayerNorm(dim, eps=1e-6) if pool == "cls" else nn.Identity()
-        self.fc_norm = nn.LayerNorm(dim, eps=1e-6) if pool == "mean" else nn.Identity()
+        # relative position bias (vitpipe.nn.rel_pos): one module shared by every block, or one per block
+        self.rel_pos_kind = rel_pos
+        rel_kw = dict(grid_size=self.grid_size, num_heads=num_heads, num_prefix_tokens=self.num_prefix_tokens,
+                      hidden_dim=rel_pos_dim)
+        self.rel_pos = build_rel_pos(rel_pos, **rel_kw) if rel_pos_shared else None
+        for blk in self.blocks:
+            blk.rel_pos = None if rel_pos_shared else build_rel_pos(rel_pos, **rel_kw)
+        # fc_norm (timm's name): the final norm after pooling instead of before; default by pool
+        fc_norm = pool == "mean" if fc_norm is None else fc_norm
+        self.norm = nn.Identity() if fc_norm else nn.LayerNorm(dim, eps=1e-6)
+        self.fc_norm = nn.LayerNorm(dim, eps=1e-6) if fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
         self.head_dist = (nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()) if dist_token else None
@@ -194,9 +214,18 @@ class ViT(nn.Module):
         self.grad_checkpointing = enable
 
     def no_weight_decay(self) -> set[str]:
-        """Parameter names that weight decay must skip (besides norms and biases)."""
+        """Parameter names that weight decay must skip (besides norms and biases): positions, prefix
+        tokens, relative position tables (timm's ``relative_position_bias_table``)."""
         prefixes = ("pos_embed.", "cls_token", "dist_token", "reg_token")
-        return {n for n, _ in self.named_parameters() if n.startswith(prefixes)}
+        return {n for n, _ in self.named_parameters()
+                if n.startswith(prefixes) or n.endswith("relative_position_bias_table")}
+
+    def attn_biases(self, grid: tuple[int, int]) -> list[Tensor | None]:
+        """Each block's relative position bias (1, heads, N, N) at ``grid``; None without one."""
+        if self.rel_pos is not None:
+            shared = self.rel_pos(grid)
+            return [shared] * len(self.blocks)
+        return [None if blk.rel_pos is None else blk.rel_pos(grid) for blk in self.blocks]
 
     def group_matcher(self, coarse: bool = False) -> dict:
         """Layer groups for timm's ``param_groups_layer_decay`` (``timm.models.group_parameters``):
@@ -207,7 +236,7 @@ class ViT(nn.Module):
         here it goes with the head, as in BEiT's ``get_num_layer_for_vit`` and MAE's ``lrd.py``.
         ``coarse`` is accepted for timm's signature; the grouping is the same.
         """
-        return {"stem": r"^cls_token|^dist_token|^reg_token|^pos_embed|^patch_embed",
+        return {"stem": r"^cls_token|^dist_token|^reg_token|^pos_embed|^patch_embed|^rel_pos",
                 "blocks": [(r"^blocks\.(\d+)", None)]}
 
     def get_classifier(self) -> nn.Module:
@@ -243,21 +272,26 @@ class ViT(nn.Module):
         For a patch dict the tokens are (B, P + N, dim) in its order; padding tokens hold values
         that no valid token has seen (``forward_head`` takes ``patch_valid`` to pool without them)."""
         if isinstance(x, dict):
+            if self.rel_pos_kind != "none":
+                raise ValueError(f"rel_pos={self.rel_pos_kind!r} takes image tensors; NaFlex patch dicts need "
+                                 "rel_pos='none' (absolute or rope2d positions)")
             x, padding, rope = self._embed_naflex(x)
+            biases = [None] * len(self.blocks)
         else:
             x, grid = self._embed(x)
             padding = None
             rope = self.pos_embed.phases(grid, device=x.device) if isinstance(self.pos_embed, RoPE2D) else None
+            biases = self.attn_biases(grid)
         attentions = []
-        for blk in self.blocks:
+        for blk, bias in zip(self.blocks, biases, strict=True):
             if return_attn or return_logits:
-                x, w = blk(x, rope=rope, key_padding_mask=padding, need_weights=return_attn and not return_logits,
-                           need_logits=return_logits)
+                x, w = blk(x, rope=rope, key_padding_mask=padding, attn_bias=bias,
+                           need_weights=return_attn and not return_logits, need_logits=return_logits)
                 attentions.append(w)
             elif self.grad_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(blk, x, rope=rope, key_padding_mask=padding, use_reentrant=False)
+                x = checkpoint(blk, x, rope=rope, key_padding_mask=padding, attn_bias=bias, use_reentrant=False)
             else:
-                x = blk(x, rope=rope, key_padding_mask=padding)
+                x = blk(x, rope=rope, key_padding_mask=padding, attn_bias=bias)
         x = self.norm(x)
         return (x, attentions) if return_attn or return_logits else x
 
