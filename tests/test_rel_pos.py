@@ -133,6 +133,14 @@ def test_the_bias_is_in_the_attention_maps_and_rollout_sees_it():
     q, k, _ = blk.attn.qkv(h).view(2, 7, 3, 4, 8).permute(2, 0, 3, 1, 4)
     expected = ((q @ k.transpose(-2, -1)) * 8**-0.5 + blk.rel_pos((2, 3))).softmax(-1)
     torch.testing.assert_close(maps[0], expected, atol=1e-5, rtol=1e-5)
+    from vitpipe.inference.explain import explain
+
+    maps = {m: explain(net, x, m) for m in ("rollout", "gradient")}
+    with torch.no_grad():
+        net.blocks[0].rel_pos.relative_position_bias_table.zero_()
+    for method, before in maps.items():  # the bias reaches both explanations
+        assert before.shape == (2, 2, 3) and torch.isfinite(before).all()
+        assert (explain(net, x, method) - before).abs().max() > 1e-3, method
 
 
 def test_rel_pos_with_a_patch_dict_is_refused_in_one_line():
