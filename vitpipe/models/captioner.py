@@ -9,6 +9,11 @@ Two decoders share everything but how text sees the image:
   prefix-LM mask (Raffel et al. 2020, T5 section 3.2.1; SimVLM, Wang et al. 2022): image tokens
   see each other fully, text tokens see every image token and the words before them.
 
+Words know their order from an absolute table (``text_pos``), from T5's relative position bias on the
+self-attention logits (``text_rel_pos="t5"``, Raffel et al. 2020: one learned bucketed table shared by
+every layer, ``vitpipe.nn.rel_pos_text``), or both. Under ``"t5"`` the absolute table is off unless
+``text_pos`` asks for one, as T5 has none.
+
 Input and output word embeddings are tied (Press & Wolf 2017). ``generate`` decodes greedily or
 with beam search through a KV cache (one ``KVCache`` per attention), so each step costs one token.
 """
@@ -19,16 +24,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitpipe.errors import ConfigError
+from vitpipe.errors import ConfigError, check_int
 from vitpipe.models.vit import ViT
 from vitpipe.nn.attention import KVCache
 from vitpipe.nn.blocks import DecoderBlock
 from vitpipe.nn.pos_embed import sincos_1d
+from vitpipe.nn.rel_pos_text import REL_POS_TEXT_KINDS, T5RelativeBias, exact_buckets
 
 DECODERS = ("cross", "prefix")
-TEXT_POS = ("learned", "sincos")
+TEXT_POS = ("learned", "sincos", "none")
 
 
 @dataclass
@@ -74,7 +81,13 @@ class Captioner(nn.Module):
         vocab_size, pad_id, bos_id, eos_id: from the data module's ``model_kwargs()``.
         dim, depth, num_heads, mlp_ratio: the decoder's width, blocks, heads, MLP ratio.
         max_len: text positions (the longest sequence the decoder reads, <bos> included).
-        text_pos: ``"learned"`` table or fixed ``"sincos"`` (Vaswani et al. 2017).
+        text_pos: absolute positions of the words: ``"learned"`` table, fixed ``"sincos"`` (Vaswani et al.
+            2017) or ``"none"``; ``None``: ``"learned"``, or ``"none"`` under ``text_rel_pos="t5"``.
+        text_rel_pos: ``"none"`` or ``"t5"``: T5's bucketed relative bias on the decoder's self-attention
+            over the words (causal buckets), one table for all layers. Under ``decoder="prefix"`` image
+            tokens have no text position: pairs involving them get no bias.
+        text_rel_pos_buckets, text_rel_pos_max_distance: T5's ``relative_attention_num_buckets`` and
+            ``relative_attention_max_distance`` (T5: 32 and 128).
         decoder: ``"cross"`` or ``"prefix"`` (see the module docstring).
     """
 
@@ -91,7 +104,10 @@ class Captioner(nn.Module):
         num_heads: int = 4,
         mlp_ratio: float = 4.0,
         max_len: int = 32,
-        text_pos: str = "learned",
+        text_pos: str | None = None,
+        text_rel_pos: str = "none",
+        text_rel_pos_buckets: int = 32,
+        text_rel_pos_max_distance: int = 128,
         decoder: str = "cross",
         qkv_bias: bool = True,
         qk_norm: bool = False,
@@ -104,8 +120,20 @@ class Captioner(nn.Module):
         super().__init__()
         if decoder not in DECODERS:
             raise ConfigError(f"unknown decoder={decoder!r}; valid choices: {', '.join(DECODERS)}")
+        if text_rel_pos not in REL_POS_TEXT_KINDS:
+            raise ConfigError(f"unknown text_rel_pos={text_rel_pos!r}; valid choices: {', '.join(REL_POS_TEXT_KINDS)}")
+        if text_pos is None:  # T5 has no absolute positions: the relative bias alone orders the words
+            text_pos = "none" if text_rel_pos == "t5" else "learned"
         if text_pos not in TEXT_POS:
             raise ConfigError(f"unknown text_pos={text_pos!r}; valid choices: {', '.join(TEXT_POS)}")
+        if text_rel_pos == "t5":
+            check_int(text_rel_pos_buckets, "text_rel_pos_buckets", minimum=2)
+            check_int(text_rel_pos_max_distance, "text_rel_pos_max_distance", minimum=1)
+            if text_rel_pos_max_distance <= (exact := exact_buckets(text_rel_pos_buckets, bidirectional=False)):
+                raise ConfigError(
+                    f"text_rel_pos_max_distance={text_rel_pos_max_distance} must exceed the {exact} exact "
+                    f"buckets of text_rel_pos_buckets={text_rel_pos_buckets} (T5: 32 buckets, 128)"
+                )
         if not (min(pad_id, bos_id, eos_id) >= 0 and max(pad_id, bos_id, eos_id) < vocab_size):
             raise ConfigError(f"pad_id={pad_id}, bos_id={bos_id}, eos_id={eos_id} must lie in [0, vocab_size={vocab_size})")
         self.encoder = build_encoder(encoder)
@@ -118,6 +146,7 @@ class Captioner(nn.Module):
         enc_dim = self.encoder.dim
         self.vocab_size, self.pad_id, self.bos_id, self.eos_id = vocab_size, pad_id, bos_id, eos_id
         self.dim, self.depth, self.max_len, self.decoder, self.text_pos = dim, depth, max_len, decoder, text_pos
+        self.text_rel_pos = text_rel_pos
 
         # ViT tokens are normed only under pool="cls" (timm moves the norm after pooling for "mean"),
         # so the memory gets its own norm either way
@@ -126,8 +155,15 @@ class Captioner(nn.Module):
         self.tok_embed = nn.Embedding(vocab_size, dim)
         if text_pos == "learned":
             self.pos_embed = nn.Parameter(torch.zeros(1, max_len, dim))
-        else:
+        elif text_pos == "sincos":
             self.register_buffer("pos_embed", sincos_1d(max_len, dim)[None], persistent=False)  # (1, max_len, dim)
+        else:
+            self.pos_embed = None
+        # T5 (HF's has_relative_attention_bias): one table in the first layer, its bias handed to every layer;
+        # causal buckets, as the decoder never sees a later word
+        self.rel_pos = None
+        if text_rel_pos == "t5":
+            self.rel_pos = T5RelativeBias(num_heads, num_buckets=text_rel_pos_buckets, max_distance=text_rel_pos_max_distance)
         self.drop = nn.Dropout(drop_rate)
         rates = torch.linspace(0, drop_path_rate, depth).tolist()
         self.blocks = nn.ModuleList(
@@ -155,6 +191,7 @@ class Captioner(nn.Module):
     def no_weight_decay(self) -> set[str]:
         """Parameter names weight decay must skip (besides norms and biases)."""
         names = {f"encoder.{n}" for n in self.encoder.no_weight_decay()}
+        names |= {"rel_pos.relative_attention_bias.weight"} if self.rel_pos is not None else set()  # as ViT's tables
         return names | ({"pos_embed"} if isinstance(self.pos_embed, nn.Parameter) else set())
 
     @property
@@ -193,7 +230,8 @@ class Captioner(nn.Module):
             raise ValueError(f"text positions {start}..{start + T - 1} exceed the decoder's max_len={self.max_len}")
         if state is not None and key_padding_mask is not None:
             raise ValueError("key_padding_mask applies to full sequences only, not to incremental decoding")
-        x = self.drop(self.tok_embed(tokens) + self.pos_embed[:, start : start + T])  # (B, T, dim)
+        x = self.tok_embed(tokens)  # (B, T, dim)
+        x = self.drop(x if self.pos_embed is None else x + self.pos_embed[:, start : start + T])
 
         M = memory.shape[1]
         prefix = self.decoder == "prefix"
@@ -206,10 +244,15 @@ class Captioner(nn.Module):
         if prefix:
             past = 0 if state is None else state.self_caches[0].length
             attn_mask = prefix_lm_mask(x.shape[1], past + x.shape[1], M, device=x.device)
+        attn_bias = None
+        if self.rel_pos is not None:  # words at start .. start + T - 1 against words 0 .. start + T - 1
+            attn_bias = self.rel_pos(T, start + T, past=start)  # (1, heads, T, start + T)
+            if prefix:  # the image has no place in the text: zero bias to and from the M prefix tokens
+                attn_bias = F.pad(attn_bias, [M, 0, P, 0])  # (1, heads, P + T, M + start + T)
 
         weights = []
         for i, blk in enumerate(self.blocks):
-            out = blk(x, None if prefix else memory, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+            out = blk(x, None if prefix else memory, attn_mask=attn_mask, attn_bias=attn_bias, key_padding_mask=key_padding_mask,
                       self_cache=None if state is None else state.self_caches[i],
                       cross_cache=None if state is None or prefix else state.cross_caches[i], need_weights=need_weights)
             if need_weights:
