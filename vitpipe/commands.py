@@ -34,6 +34,8 @@ COMMANDS: dict[str, Command] = {
     "demo": Command("vitpipe.tasks.demo:demo", "a Gradio demo page for a checkpoint", "demo"),
     "visualize": Command("vitpipe.tasks.visualize:visualize", "attention and explanation figures", "visualize",
                          script="visualize_attention"),
+    "doctor": Command("vitpipe.tasks.doctor:main", "check attention (scale, positions, causality) on a model",
+                      "doctor"),
     "make_shards": Command("vitpipe.tasks.make_shards:make_shards_from_config", "convert a data set to shards",
                            "make_shards"),
     "make_teacher": Command("vitpipe.tasks.make_teacher:main", "a trained run as a distillation teacher file"),

@@ -38,7 +38,7 @@ from vitpipe.errors import ConfigError, check_int, to_hw
 
 def preflight(cfg: DictConfig, entry: str) -> None:
     """Everything about ``cfg`` that can be checked before anything is built, for the script ``entry``
-    (``train``, ``eval``, ``predict``, ``visualize``, ``demo``, ``serve``, ``export``)."""
+    (``train``, ``eval``, ``predict``, ``visualize``, ``demo``, ``serve``, ``export``, ``doctor``)."""
     if entry not in ENTRIES:
         raise ValueError(f"preflight: unknown entry {entry!r}; known: {', '.join(ENTRIES)}")
     ENTRIES[entry](cfg)
@@ -81,10 +81,36 @@ def _eval(cfg: DictConfig) -> None:
         check_schema(cfg, where=("",))
 
 
+def _doctor(cfg: DictConfig) -> None:
+    """``scripts/doctor.py``: a run (``ckpt_path``) or a model config (``model=``), exactly one; ``data=`` only
+    with ``model=``; ``batch_size``, ``device``, ``seed`` and the model's own ranges."""
+    from vitpipe.config.build import resolve_device
+    from vitpipe.config.shipped import names
+
+    model, data, ckpt = cfg.get("model"), cfg.get("data"), cfg.get("ckpt_path")
+    if ckpt is None and model is None:
+        models = [n.split("/", 1)[1] for n in names() if n.startswith("model/")  # the ViT and captioner configs
+                  and not n.startswith("model/mae") and n not in ("model/vit", "model/timm")]
+        raise ConfigError("doctor needs a model: pass ckpt_path=<a .ckpt file, a run directory or `last`> or "
+                          f"model=<one of {', '.join(models)}>")
+    if ckpt is not None and model is not None:
+        raise ConfigError(f"ckpt_path={ckpt} and model={model.get('name') or model.get('_target_')}: pass one of them "
+                          "(ckpt_path checks the run's own model)")
+    if ckpt is not None and data is not None:
+        raise ConfigError(f"data={str(data.get('_target_', '?')).rsplit('.', 1)[-1]} goes with model= (its channels "
+                          "and classes); ckpt_path uses the run's own: drop data")
+    size = cfg.get("batch_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise ConfigError(f"batch_size={size!r}: expected null (the run's data.batch_size) or an int >= 1")
+    resolve_device(str(cfg.device))
+    with _one_line():
+        check_schema(cfg, where=("", "model"))
+
+
 # the commands on a stored run check their own options (vitpipe.config.options); the run they read is the
 # checkpoint's, checked by the stored-config rule when it loads (vitpipe.run.stored)
 ENTRIES = {"train": _train, "eval": _eval, "predict": check_predict, "visualize": check_visualize,
-           "demo": check_demo, "serve": check_serve, "export": check_export}
+           "demo": check_demo, "serve": check_serve, "export": check_export, "doctor": _doctor}
 
 
 class _one_line:
@@ -190,8 +216,8 @@ def check_labels_used(cfg: DictConfig) -> None:
 
 
 def check_naflex_module(cfg: DictConfig) -> None:
-    """``data.naflex.enabled=true`` feeds patch dicts: mixup, a distillation teacher and relative position
-    bias need whole images.
+    """``data.naflex.enabled=true`` feeds patch dicts: mixup, a distillation teacher, relative position
+    bias and local attention need whole images.
     Refused here, before data loads (the module repeats the check for code that builds it by hand)."""
     data, module = cfg.get("data"), cfg.get("module")
     naflex = data.get("naflex") if isinstance(data, DictConfig) else None
@@ -202,6 +228,10 @@ def check_naflex_module(cfg: DictConfig) -> None:
     if rel_pos not in (None, "none"):
         raise ConfigError(f"data.naflex.enabled=true feeds patch dicts: model.rel_pos={rel_pos} takes image tensors; "
                           "set model.rel_pos=none (absolute or rope2d positions) or data.naflex.enabled=false")
+    window = model.get("attn_window") if isinstance(model, DictConfig) else None
+    if window is not None:
+        raise ConfigError(f"data.naflex.enabled=true feeds patch dicts: model.attn_window={window} takes image tensors; "
+                          "set model.attn_window=null (dense attention) or data.naflex.enabled=false")
     distill = module.get("distill")
     for key, on in (("module.mixup", bool(module.get("mixup"))),
                     ("module.distill.teacher", isinstance(distill, DictConfig) and distill.get("teacher") is not None)):
