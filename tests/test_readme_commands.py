@@ -129,6 +129,16 @@ SPECS: dict[str, Spec] = {
     ML_SHARDS_TRAIN: Spec(append=S, needs=(MOSAICS, ML_SHARDS), needs_fmnist=True, expect=("test/map",)),
     ML_SERVE: Spec(needs=(MOSAICS, MOSAIC_TRAIN), time_of=MOSAIC_TRAIN, needs_fmnist=True, server="/health", ask=ML_ASK,
                    expect=("multi-label: every class with sigmoid",)),
+    # docs/attention.md
+    f"{TRAIN} model.rel_pos=bias": Spec(append=S, quick=True, expect=("test/acc",)),
+    f"{TRAIN} model.rel_pos=mlp_cr model.pos_embed=none": Spec(append=S, expect=("test/acc",)),
+    f"{TRAIN} model.rel_pos=mlp_swin model.rel_pos_shared=true": Spec(append=S, expect=("test/acc",)),
+    f"{TRAIN} model.rel_pos=mlp_cr model.pos_embed=none model.res_post_norm=true model.init_values=1e-6": Spec(
+        append=S, expect=("test/acc",)),
+    # docs/doctor.md
+    "python scripts/doctor.py model=vit_micro": Spec(quick=True, expect=("doctor: 4 passed, 0 failed, 2 skipped",)),
+    "python scripts/doctor.py ckpt_path=logs/train/runs/<time>": Spec(needs=(DEFAULT,), time_of=DEFAULT,
+                                                                      expect=("doctor: 4 passed, 0 failed, 2 skipped",)),
     # docs/mae.md
     f"{TRAIN} model=mae_vit_nano module=mae": Spec(append=S, expect=("mae_vit_nano on DigitsDataModule", "test/loss")),
     MAE_FMNIST: Spec(append=SB, needs_fmnist=True, expect=("test/loss",)),
