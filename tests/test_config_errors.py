@@ -79,7 +79,9 @@ def _non_default(name: str, default):
     """A valid value other than the ViT default for each argument."""
     special = {"pos_embed": "rope2d", "stem": "conv", "pool": "mean", "class_token": False, "reg_tokens": 2,
                "init_values": 1e-5, "img_size": 16, "patch_size": 4, "in_chans": 3, "num_classes": 10,
-               "dim": 48, "depth": 6, "num_heads": 3, "mlp_ratio": 2.0, "flexi_patch_sizes": [2, 4]}
+               "dim": 48, "depth": 6, "num_heads": 3, "mlp_ratio": 2.0, "flexi_patch_sizes": [2, 4],
+               "rel_pos": "mlp_swin", "rel_pos_dim": 64, "fc_norm": False, "attn_window": 2, "attn_global_stride": 2,
+               "attn_backend": "sdpa"}
     if name in special:
         return special[name]
     if isinstance(default, bool):

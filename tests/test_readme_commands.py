@@ -135,6 +135,7 @@ SPECS: dict[str, Spec] = {
     f"{TRAIN} model.rel_pos=mlp_swin model.rel_pos_shared=true": Spec(append=S, expect=("test/acc",)),
     f"{TRAIN} model.rel_pos=mlp_cr model.pos_embed=none model.res_post_norm=true model.init_values=1e-6": Spec(
         append=S, expect=("test/acc",)),
+    f"{TRAIN} model.attn_window=1 model.attn_global_stride=2": Spec(append=S, expect=("test/acc",)),
     # docs/doctor.md
     "python scripts/doctor.py model=vit_micro": Spec(quick=True, expect=("doctor: 4 passed, 0 failed, 2 skipped",)),
     "python scripts/doctor.py ckpt_path=logs/train/runs/<time>": Spec(needs=(DEFAULT,), time_of=DEFAULT,

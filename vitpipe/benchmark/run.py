@@ -10,9 +10,11 @@ same JPEG files, decoding + augmenting in ``--workers`` processes), switches (fu
 backends), mae (MAE step vs the reference's way), naflex (patch-dict input: a padded batch of mixed-aspect
 images vs the fixed square path at about the same valid tokens, and vs timm's NaFlexVit, same weights), serve
 (scripts/serve.py under a bounded loopback load, ``--requests`` from ``--clients`` threads: dynamic batching with
-max_batch_size=--batch-size vs max_batch_size=1, and vs scripts/predict.py on the same files). Contenders
-alternate (A B, B A, ...) so a shared machine's load hits them alike; the figure is the median over repeats
-of each repeat's median step time, warm-up steps excluded.
+max_batch_size=--batch-size vs max_batch_size=1, and vs scripts/predict.py on the same files), long_seq (dense
+SDPA vs the explicit path, gradient checkpointing and the local + global pattern through masked SDPA and
+flex_attention, at 1,024 to 4,096 tokens; its own sizes, batch 1). Contenders alternate (A B, B A, ...) so a
+shared machine's load hits them alike; the figure is the median over repeats of each repeat's median step time,
+warm-up steps excluded.
 
 Everything trained here is built from conf/ as ``scripts/train.py model=<variant> data=synthetic``
 composes it (model, AdamW groups, schedule, label smoothing, gradient clipping), so the benchmark
@@ -41,7 +43,7 @@ from vitpipe.run.files import atomic_write_text
 
 SCHEMA = "vitpipe.bench/1"
 # --only name -> its module vitpipe.benchmark.<name>, holding compare_<name>(cfg) -> {"contenders", "ratios", ...}
-COMPARISONS = ("vit", "lightning", "data", "shards", "switches", "mae", "naflex", "serve")
+COMPARISONS = ("vit", "lightning", "data", "shards", "switches", "mae", "naflex", "serve", "long_seq")
 DEFAULT_ONLY = ("vit", "lightning", "data")
 
 

@@ -80,6 +80,9 @@ class ViT(nn.Module):
         rel_pos_dim: int | None = None,
         res_post_norm: bool = False,
         fc_norm: bool | None = None,
+        attn_window: int | None = None,
+        attn_global_stride: int = 0,
+        attn_backend: str = "auto",
     ) -> None:
         super().__init__()
         # pos_embed and num_heads are checked where they are used: build_pos_embed, MultiHeadAttention
@@ -132,6 +135,15 @@ class ViT(nn.Module):
         self.rel_pos = build_rel_pos(rel_pos, **rel_kw) if rel_pos_shared else None
         for blk in self.blocks:
             blk.rel_pos = None if rel_pos_shared else build_rel_pos(rel_pos, **rel_kw)
+        # local + global attention (vitpipe.nn.patterns): None = dense; checked by the pattern builder
+        self.attn_window, self.attn_global_stride, self.attn_backend = attn_window, attn_global_stride, attn_backend
+        self._patterns: dict = {}
+        if attn_window is not None:
+            from vitpipe.nn.patterns import BACKENDS
+
+            if attn_backend not in BACKENDS:
+                raise ValueError(f"unknown attn_backend={attn_backend!r}; valid choices: {', '.join(BACKENDS)}")
+            self.attn_pattern((1, 1), torch.device("cpu"), explicit=True)  # bad values: ValueError now
         # fc_norm (timm's name): the final norm after pooling instead of before; default by pool
         fc_norm = pool == "mean" if fc_norm is None else fc_norm
         self.norm = nn.Identity() if fc_norm else nn.LayerNorm(dim, eps=1e-6)
@@ -220,6 +232,23 @@ class ViT(nn.Module):
         return {n for n, _ in self.named_parameters()
                 if n.startswith(prefixes) or n.endswith("relative_position_bias_table")}
 
+    def attn_pattern(self, grid: tuple[int, int], device, *, explicit: bool = False):
+        """The local + global mask of ``attn_window`` at ``grid`` (None when dense): a flex ``BlockMask``
+        where the backend allows it, a boolean (N, N) mask for the explicit path, a relative position
+        bias, attention dropout in training or ``attn_backend='sdpa'``. Built once per grid and device."""
+        if self.attn_window is None:
+            return None
+        from vitpipe.nn.patterns import local_global_mask
+
+        dense = explicit or self.rel_pos_kind != "none" or (self.training and self.blocks[0].attn.attn_drop > 0)
+        backend = "sdpa" if dense else self.attn_backend
+        key = (tuple(grid), str(device), backend)
+        if key not in self._patterns:
+            self._patterns[key] = local_global_mask(tuple(grid), self.num_prefix_tokens, window=self.attn_window,
+                                                    global_stride=self.attn_global_stride, backend=backend,
+                                                    device=device)
+        return self._patterns[key]
+
     def attn_biases(self, grid: tuple[int, int]) -> list[Tensor | None]:
         """Each block's relative position bias (1, heads, N, N) at ``grid``; None without one."""
         if self.rel_pos is not None:
@@ -272,26 +301,29 @@ class ViT(nn.Module):
         For a patch dict the tokens are (B, P + N, dim) in its order; padding tokens hold values
         that no valid token has seen (``forward_head`` takes ``patch_valid`` to pool without them)."""
         if isinstance(x, dict):
-            if self.rel_pos_kind != "none":
-                raise ValueError(f"rel_pos={self.rel_pos_kind!r} takes image tensors; NaFlex patch dicts need "
-                                 "rel_pos='none' (absolute or rope2d positions)")
+            if self.rel_pos_kind != "none" or self.attn_window is not None:
+                what = f"rel_pos={self.rel_pos_kind!r}" if self.rel_pos_kind != "none" else "attn_window"
+                raise ValueError(f"{what} takes image tensors; NaFlex patch dicts need rel_pos='none' and "
+                                 "attn_window=null (absolute or rope2d positions, dense attention)")
             x, padding, rope = self._embed_naflex(x)
-            biases = [None] * len(self.blocks)
+            biases, pattern = [None] * len(self.blocks), None
         else:
             x, grid = self._embed(x)
             padding = None
             rope = self.pos_embed.phases(grid, device=x.device) if isinstance(self.pos_embed, RoPE2D) else None
             biases = self.attn_biases(grid)
+            pattern = self.attn_pattern(grid, x.device, explicit=return_attn or return_logits)
         attentions = []
         for blk, bias in zip(self.blocks, biases, strict=True):
             if return_attn or return_logits:
-                x, w = blk(x, rope=rope, key_padding_mask=padding, attn_bias=bias,
+                x, w = blk(x, rope=rope, key_padding_mask=padding, attn_bias=bias, attn_mask=pattern,
                            need_weights=return_attn and not return_logits, need_logits=return_logits)
                 attentions.append(w)
             elif self.grad_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(blk, x, rope=rope, key_padding_mask=padding, attn_bias=bias, use_reentrant=False)
+                x = checkpoint(blk, x, rope=rope, key_padding_mask=padding, attn_bias=bias, attn_mask=pattern,
+                               use_reentrant=False)
             else:
-                x = blk(x, rope=rope, key_padding_mask=padding, attn_bias=bias)
+                x = blk(x, rope=rope, key_padding_mask=padding, attn_bias=bias, attn_mask=pattern)
         x = self.norm(x)
         return (x, attentions) if return_attn or return_logits else x
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitpipe.nn.patterns import compiled_flex_attention, flex_support
 from vitpipe.nn.rope import apply_rope
 
 try:  # torch >= 2.5
@@ -183,7 +184,15 @@ class MultiHeadAttention(nn.Module):
                              "or is_causal; pass the pattern as a boolean attn_mask for those")
         if self.training and self.attn_drop > 0:
             raise ValueError(f"attention dropout ({self.attn_drop}) is not supported with a flex BlockMask pattern")
-        return flex_attention(q, k, v, block_mask=block_mask, scale=self.scale), None
+        if torch.compiler.is_compiling():  # inside a compiled model: flex lowers with the rest of its graph
+            return flex_attention(q, k, v, block_mask=block_mask, scale=self.scale), None
+        support = flex_support(q.device)
+        if not support["backward"] and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            raise ValueError(f"a flex BlockMask pattern on {q.device.type} is inference only ({support['why']}); run it "
+                             "under torch.no_grad(), or build the pattern with backend='sdpa' (or 'auto') to train here")
+        # compiled: the fused kernel visits only the kept blocks; eager flex would build the (N, M) scores
+        attend = compiled_flex_attention() if support["compiled"] else flex_attention
+        return attend(q, k, v, block_mask=block_mask, scale=self.scale), None
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, attn_mask, attn_bias, key_padding_mask, is_causal: bool,
                 need_weights: bool, need_logits: bool = False) -> tuple[Tensor, Tensor | None]:

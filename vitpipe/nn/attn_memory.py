@@ -2,10 +2,16 @@
 
 Rollout, gradient rollout, ``need_weights`` and ``need_logits`` take the explicit path, which holds one
 such matrix per layer (rollout keeps all ``depth`` of them). ``attention_matrix_bytes`` is the estimate
-a check prints before such a run; ``format_bytes`` writes it for people.
+a check prints before such a run; ``format_bytes`` writes it for people. ``check_explicit_attention`` is
+that check: one line with the estimate and what to change when it does not fit ``available_memory``.
 """
 
 from __future__ import annotations
+
+import math
+import os
+
+import torch
 
 
 def attention_matrix_bytes(batch: int, heads: int, n_query: int, n_key: int | None = None, *,
@@ -22,3 +28,36 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def available_memory(device=None) -> int:
+    """Bytes free where the matrices would live: ``torch.cuda.mem_get_info`` on a GPU; on a CPU the
+    machine's available RAM (``psutil.virtual_memory().available``, else the free physical pages)."""
+    device = torch.device("cpu" if device is None else device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        import psutil
+    except ImportError:  # not a dependency: free pages, which leave out reclaimable cache (errs low)
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return psutil.virtual_memory().available
+
+
+def check_explicit_attention(batch: int, heads: int, tokens: int, layers: int, *, element_size: int = 4,
+                             available_bytes: int | None = None, what: str = "rollout") -> str | None:
+    """One line when ``layers`` attention matrices (batch, heads, tokens, tokens) of ``element_size``-byte
+    floats (one per layer; more where gradients are kept too) exceed ``available_bytes`` (default: the CPU's
+    ``available_memory()``), naming the estimate and what to change (a batch that fits, the tokens that fit,
+    a fused method); None when they fit."""
+    need = attention_matrix_bytes(batch, heads, tokens, element_size=element_size, layers=layers)
+    free = available_memory() if available_bytes is None else int(available_bytes)
+    if need <= free:
+        return None
+    per_image = need // max(int(batch), 1)
+    fits = free // per_image if per_image else 0
+    smaller = f"batch_size={fits} fits" if fits >= 1 else f"not even batch_size=1: it alone needs {format_bytes(per_image)}"
+    n_fit = math.isqrt(max(free, 0) // max(int(heads) * int(element_size) * int(layers), 1))  # at batch 1
+    return (f"{what} would hold {format_bytes(need)} of attention matrices ({batch} x {heads} heads x {tokens}^2 tokens "
+            f"x {element_size} B x {layers} matrices) but {format_bytes(free)} is available; use a smaller batch "
+            f"({smaller}), fewer tokens (a bigger patch_size or a smaller img_size: about {n_fit} tokens fit at "
+            f"batch_size=1), or a fused method (SDPA or flex attention build no weights)")

@@ -42,6 +42,7 @@ from vitpipe.inference.explain import explain, method_name
 from vitpipe.inference.labels import class_index
 from vitpipe.kinds import KINDS, TaskKind
 from vitpipe.models.vit import ViT
+from vitpipe.nn.attn_memory import available_memory, check_explicit_attention
 from vitpipe.run.checkpoint import rebuild
 from vitpipe.run.csvfiles import dict_csv_text
 from vitpipe.run.files import atomic_write_text
@@ -131,6 +132,26 @@ def _wrap(text: str, width: int = 28) -> str:
 # --------------------------------------------------------------------------- maps
 
 
+def check_attention_memory(net, cfg: DictConfig, naflex: dict | None, device, *, captioner: bool) -> None:
+    """Refuse in one line a run whose explicit attention cannot fit on ``device``: every method reads the
+    weights of all layers (``forward_features(return_attn=True)``, B x heads x N x N each, N = prefix +
+    patches), gradient rollout also their gradients. The estimate is a lower bound of what one batch holds
+    at once, so past the available memory the run could only die of it, after reading its images."""
+    encoder = net.encoder if captioner else net
+    if not isinstance(encoder, ViT) or not len(encoder.blocks):
+        return  # no attention to draw: the command says so itself
+    tokens = encoder.num_prefix_tokens + (naflex["max_seq_len"] if naflex else math.prod(encoder.grid_size))
+    gradient = not captioner and not naflex and canonical(cfg.method) in ("gradient", "all")
+    # gradient rollout: each layer's weights and their gradients, beside the maps of the first forward pass
+    layers = len(encoder.blocks) * (3 if gradient else 1)
+    line = check_explicit_attention(min(cfg.batch_size, cfg.num_images or cfg.batch_size),
+                                    encoder.blocks[0].attn.num_heads, tokens, layers,
+                                    available_bytes=available_memory(device),
+                                    what=f"method={cfg.method} ({'gradient' if gradient else 'attention'} rollout)")
+    if line:
+        raise ConfigError(line)
+
+
 def classifier_maps(net, x: Tensor, kinds: list[str], *, head_fusion: str, discard_ratio: float,
                     target: int | None = None, kind: TaskKind | None = None) -> dict:
     """{method: maps} for one batch; "heads": (B, heads, h, w), others (B, h, w); plus "probs" (B, classes),
@@ -182,6 +203,7 @@ def visualize(cfg: DictConfig) -> list[Path]:
     run = rebuild(checkpoint, ckpt_path, data=cfg.get("data"), paths=cfg.paths, task_name=cfg.task_name)
     net, dm, task = run.net, run.datamodule, run.module.kind  # the task kind, chosen once by the module
     naflex = naflex_settings(config_of(checkpoint))
+    check_attention_memory(net, cfg, naflex, device, captioner=task.generates)  # before any image is read
     if naflex is not None:
         if cfg.get("target") is not None:
             raise ConfigError(f"target={cfg.target}: NaFlex checkpoints draw attention rollout only; drop target")
