@@ -38,8 +38,13 @@ def available_memory(device=None) -> int:
         return torch.cuda.mem_get_info(device)[0]
     try:
         import psutil
-    except ImportError:  # not a dependency: free pages, which leave out reclaimable cache (errs low)
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except ImportError:  # not a dependency: the kernel's own estimate, else free pages (errs low: no cache)
+        try:
+            with open("/proc/meminfo") as f:
+                info = dict(line.split(":", 1) for line in f)
+            return int(info["MemAvailable"].split()[0]) * 1024
+        except (OSError, KeyError, ValueError):
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return psutil.virtual_memory().available
 
 

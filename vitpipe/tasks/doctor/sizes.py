@@ -5,13 +5,13 @@ available)."""
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 from torch import nn
 
 from vitpipe.models.captioner import Captioner
 from vitpipe.nn.attn_memory import attention_matrix_bytes, format_bytes
+from vitpipe.nn.attn_memory import available_memory as free_bytes
 from vitpipe.tasks.doctor.check import FAIL, PASS, SKIP, Check, encoder_of
 
 HEAD_DIM_RANGE = (16, 256)  # head widths outside it are refused; ViT/BERT/GPT use 64
@@ -63,15 +63,8 @@ def check_heads(stacks: list[tuple[str, int, int]]) -> Check:
 
 
 def available_memory(device: torch.device) -> tuple[int, str]:
-    """Free bytes where the network runs: the GPU's free memory, else the machine's available RAM."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0], f"free on {device}"
-    try:
-        with open("/proc/meminfo") as f:
-            info = dict(line.split(":", 1) for line in f)
-        return int(info["MemAvailable"].split()[0]) * 1024, "RAM available"
-    except (OSError, KeyError, ValueError):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "RAM free"
+    """Free bytes where the network runs (``vitpipe.nn.attn_memory.available_memory``) and their name."""
+    return free_bytes(device), f"free on {device}" if device.type == "cuda" else "RAM available"
 
 
 def explicit_attention(net: nn.Module, batch_size: int, element_size: int = 4) -> list[tuple[str, int]]:
