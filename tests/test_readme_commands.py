@@ -93,6 +93,7 @@ ML_SERVE = "python scripts/serve.py ckpt_path=logs/train/runs/<time>"
 ML_ASK = ("curl -sf -X POST localhost:{port}/predict -F image=@data/fmnist_mosaics/test/00000.png",)
 S = tuple(SHORT_TRAIN)
 SB = (*S, "data.batch_size=8", "data.eval_batch_size=8")   # 2 batches of a big model: small ones
+LONG_SEQ = "python scripts/benchmark.py --only long_seq --steps 2 --warmup 1 --repeats 1 --out long_seq.json"
 HEADLINE_FAILS = (r"model: could not fetch timm weights 'vit_base_patch16_224\.augreg_in21k'")
 
 SPECS: dict[str, Spec] = {
@@ -136,7 +137,13 @@ SPECS: dict[str, Spec] = {
     f"{TRAIN} model.rel_pos=mlp_cr model.pos_embed=none model.res_post_norm=true model.init_values=1e-6": Spec(
         append=S, expect=("test/acc",)),
     f"{TRAIN} model.attn_window=1 model.attn_global_stride=2": Spec(append=S, expect=("test/acc",)),
-    # docs/doctor.md
+    # docs/performance.md: the long-sequence table (~2 min)
+    LONG_SEQ: Spec(files=("long_seq.json",)),
+    "python -c \"import json; from vitpipe.benchmark.long_seq import markdown; print(markdown(json.load(open("
+    "'long_seq.json'))['results']['long_seq']))\"": Spec(needs=(LONG_SEQ,), expect=("| 4096 (+1) | local_flex |",)),
+    # docs/doctor.md, README.md
+    "python scripts/doctor.py ckpt_path=last": Spec(needs=(DEFAULT,), session="e2e",
+                                                    expect=("doctor: 4 passed, 0 failed, 2 skipped",)),
     "python scripts/doctor.py model=vit_micro": Spec(quick=True, expect=("doctor: 4 passed, 0 failed, 2 skipped",)),
     "python scripts/doctor.py ckpt_path=logs/train/runs/<time>": Spec(needs=(DEFAULT,), time_of=DEFAULT,
                                                                       expect=("doctor: 4 passed, 0 failed, 2 skipped",)),
