@@ -141,6 +141,14 @@ SPECS: dict[str, Spec] = {
     LONG_SEQ: Spec(files=("long_seq.json",)),
     "python -c \"import json; from vitpipe.benchmark.long_seq import markdown; print(markdown(json.load(open("
     "'long_seq.json'))['results']['long_seq']))\"": Spec(needs=(LONG_SEQ,), expect=("| 4096 (+1) | local_flex |",)),
+    # docs/attention-health.md
+    f"{TRAIN} callbacks=attention_health": Spec(append=S, quick=True, expect=("test/acc",)),
+    f'{TRAIN} "callbacks=[rollout,attention_health]" callbacks.attention_health.every_n_steps=100': Spec(
+        append=S, expect=("test/acc",)),
+    f"{TRAIN} callbacks=attention_health module.optimizer.lr=1e-1 module.warmup_fraction=0": Spec(
+        append=S, expect=("test/acc",)),
+    f"{TRAIN} callbacks=attention_health module.optimizer.lr=1e-1 module.warmup_fraction=0 model.qk_norm=true": Spec(
+        append=S, expect=("test/acc",)),
     # docs/doctor.md, README.md
     "python scripts/doctor.py ckpt_path=last": Spec(needs=(DEFAULT,), session="e2e",
                                                     expect=("doctor: 4 passed, 0 failed, 2 skipped",)),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vitpipe.report.attention_health import attention_health_figures
 from vitpipe.report.calibration import N_BINS, expected_calibration_error, reliability_bins
 from vitpipe.report.figures import (
     calibration_figure,
@@ -68,6 +69,7 @@ def write_report(run_dir: Path, class_names: list[str] | None = None, *, num_cla
     history = read_history(run_dir / HISTORY_FILE)
     if history:
         figures["curves"] = curves_figure(history)
+    figures.update(attention_health_figures(run_dir))  # the run's attention_health.csv, when it has one
     wrong = (~preds.correct).nonzero()[:, 0]
     worst = wrong[preds.prob[wrong].argsort(descending=True)][:NUM_ERRORS].tolist()
     items = [{"index": int(preds.index[k]), "target_name": names[int(preds.target[k])],
@@ -101,6 +103,10 @@ def _markdown(run_dir, split, title, summary, metrics, per_class, names, paths, 
     lines += [f"| {k} (logged) | {v:.4f} |" for k, v in sorted(metrics.items())]
     if "curves" in paths:
         lines += ["", "## Training curves", "", "![training curves](curves.png)"]
+    if "attention_health" in paths:
+        lines += ["", "## Attention health", "", "Entropy and largest logit of each layer's attention on fixed "
+                  "training images, from [attention_health.csv](../attention_health.csv) (vitpipe's "
+                  "docs/attention-health.md).", "", "![attention entropy and logits](attention_health.png)"]
     lines += ["", "## Confusion matrix", "", "Rows: true class, normalised to 1 (the diagonal is each class's "
               "recall). Counts: [confusion_matrix.csv](confusion_matrix.csv).", "",
               "![confusion matrix](confusion_matrix.png)", "",

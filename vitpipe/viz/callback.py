@@ -19,8 +19,9 @@ from torch import Tensor
 
 from vitpipe.config.options import check_rollout_settings
 from vitpipe.errors import ConfigError
+from vitpipe.nn.modes import eval_mode
 from vitpipe.viz.overlay import overlay_grid, save_figure, unnormalize
-from vitpipe.viz.rollout import _eval_mode, rollout_for_model
+from vitpipe.viz.rollout import rollout_for_model
 
 
 class RolloutCallback(L.Callback):
@@ -105,7 +106,7 @@ class RolloutCallback(L.Callback):
         maps = rollout_for_model(net, x, head_fusion=self.head_fusion, discard_ratio=self.discard_ratio).cpu()
         truth = self.labels or [None] * len(x)
         if getattr(net, "num_classes", 0) > 0:  # a classifier: name its prediction too
-            with torch.no_grad(), _eval_mode(net):
+            with torch.no_grad(), eval_mode(net):
                 pred = net(x).argmax(dim=-1).tolist()
             titles = [f"pred {p}" + ("" if y is None else f" / true {y}") for p, y in zip(pred, truth)]
         else:

@@ -37,15 +37,15 @@ differences from vit-explain listed here are read against all of them at once.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
 from vitpipe.config.options import FUSIONS, check_rollout_settings
 from vitpipe.errors import ConfigError
+from vitpipe.nn.modes import eval_mode
 
 QUERIES = ("cls", "mean")
 
@@ -266,16 +266,6 @@ def cross_attention_maps(
 # --------------------------------------------------------------------------- model helpers
 
 
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    """Eval mode for the call, then every submodule's own flag restored (not one model-wide flag)."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, mode in modes:
-            m.training = mode
 
 
 def _model_readout(model: nn.Module, x: Tensor, num_prefix_tokens, grid_size, query) -> tuple:
@@ -306,7 +296,7 @@ def rollout_for_model(
     ``attention_rollout``.
     """
     prefix, grid, query = _model_readout(model, x, num_prefix_tokens, grid_size, query)
-    with torch.no_grad(), _eval_mode(model):
+    with torch.no_grad(), eval_mode(model):
         _, attentions = model.forward_features(x, return_attn=True)
     return attention_rollout(attentions, num_prefix_tokens=prefix, grid_size=grid, query=query, **kw)
 
@@ -344,7 +334,7 @@ def naflex_rollout_for_model(model: nn.Module, batch: dict, *, query: str | None
     prefix = model.num_prefix_tokens
     if query is None:
         query = "cls" if getattr(model, "pool", "cls") == "cls" and prefix >= 1 else "mean"
-    with torch.no_grad(), _eval_mode(model):
+    with torch.no_grad(), eval_mode(model):
         _, attentions = model.forward_features(batch, return_attn=True)
     return naflex_rollout(attentions, batch, num_prefix_tokens=prefix, query=query, **kw)
 
@@ -398,7 +388,7 @@ def gradient_rollout(
     """
     check_rollout_settings(discard_ratio=discard_ratio)
     prefix, grid, query = _model_readout(model, x, num_prefix_tokens, grid_size, query)
-    with torch.enable_grad(), _eval_mode(model):
+    with torch.enable_grad(), eval_mode(model):
         x = x.detach().requires_grad_(True)
         tokens, attentions = model.forward_features(x, return_attn=True)
         _, _, n = _check_attentions(attentions, prefix)
