@@ -131,7 +131,7 @@ SPECS: dict[str, Spec] = {
     ML_SERVE: Spec(needs=(MOSAICS, MOSAIC_TRAIN), time_of=MOSAIC_TRAIN, needs_fmnist=True, server="/health", ask=ML_ASK,
                    expect=("multi-label: every class with sigmoid",)),
     # docs/attention.md
-    f"{TRAIN} model.rel_pos=bias": Spec(append=S, quick=True, expect=("test/acc",)),
+    f"{TRAIN} model.rel_pos=bias": Spec(append=S, expect=("test/acc",)),
     f"{TRAIN} model.rel_pos=mlp_cr model.pos_embed=none": Spec(append=S, expect=("test/acc",)),
     f"{TRAIN} model.rel_pos=mlp_swin model.rel_pos_shared=true": Spec(append=S, expect=("test/acc",)),
     f"{TRAIN} model.rel_pos=mlp_cr model.pos_embed=none model.res_post_norm=true model.init_values=1e-6": Spec(
@@ -142,7 +142,7 @@ SPECS: dict[str, Spec] = {
     "python -c \"import json; from vitpipe.benchmark.long_seq import markdown; print(markdown(json.load(open("
     "'long_seq.json'))['results']['long_seq']))\"": Spec(needs=(LONG_SEQ,), expect=("| 4096 (+1) | local_flex |",)),
     # docs/attention-health.md
-    f"{TRAIN} callbacks=attention_health": Spec(append=S, quick=True, expect=("test/acc",)),
+    f"{TRAIN} callbacks=attention_health": Spec(append=S, expect=("test/acc",)),
     f'{TRAIN} "callbacks=[rollout,attention_health]" callbacks.attention_health.every_n_steps=100': Spec(
         append=S, expect=("test/acc",)),
     f"{TRAIN} callbacks=attention_health module.optimizer.lr=1e-1 module.warmup_fraction=0": Spec(
@@ -152,7 +152,7 @@ SPECS: dict[str, Spec] = {
     # docs/doctor.md, README.md
     "python scripts/doctor.py ckpt_path=last": Spec(needs=(DEFAULT,), session="e2e",
                                                     expect=("doctor: 4 passed, 0 failed, 2 skipped",)),
-    "python scripts/doctor.py model=vit_micro": Spec(quick=True, expect=("doctor: 4 passed, 0 failed, 2 skipped",)),
+    "python scripts/doctor.py model=vit_micro": Spec(expect=("doctor: 4 passed, 0 failed, 2 skipped",)),
     "python scripts/doctor.py ckpt_path=logs/train/runs/<time>": Spec(needs=(DEFAULT,), time_of=DEFAULT,
                                                                       expect=("doctor: 4 passed, 0 failed, 2 skipped",)),
     # docs/mae.md
