@@ -304,3 +304,30 @@ def test_bad_window_values_fail_when_the_model_is_built():
         _vit(attn_window=-1)
     with pytest.raises(ValueError, match="backend='dense'"):
         _vit(attn_window=1, attn_backend="dense")
+
+
+def test_what_timm_cannot_express_is_refused_before_an_export_writes():
+    """A local window has no timm counterpart: export format=timm refuses it in one line (timm's dense
+    model would differ), for a plain ViT and for one with a relative position bias."""
+    from vitpipe.errors import ConfigError
+    from vitpipe.models.timm_compat import timm_kwargs
+    from vitpipe.models.timm_relpos import timm_relpos_target
+
+    with pytest.raises(ConfigError, match=r"local attention \(attn_window\)") as e:
+        timm_kwargs(_vit(attn_window=1))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"local attention \(attn_window\)"):
+        timm_relpos_target(_vit(attn_window=1, rel_pos="mlp_cr", pos_embed="none"))
+
+
+def test_a_flex_pattern_that_cannot_train_here_is_refused_before_data_loads(cfg_factory):
+    from vitpipe.config.preflight import preflight
+    from vitpipe.errors import ConfigError
+
+    cfg = cfg_factory("trainer=cpu", "model.attn_window=1", "model.attn_backend=flex")
+    if flex_support("cpu")["backward"]:
+        preflight(cfg, "train")
+        return
+    with pytest.raises(ConfigError, match="model.attn_backend=flex cannot train on cpu here .*use model.attn_backend=auto"):
+        preflight(cfg, "train")
+    preflight(cfg_factory("trainer=cpu", "model.attn_window=1", "model.attn_backend=sdpa", sub="sdpa"), "train")

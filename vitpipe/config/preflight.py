@@ -312,3 +312,12 @@ def check_device(cfg: DictConfig) -> None:
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ConfigError(f"trainer.accelerator={accelerator} needs a CUDA GPU and torch sees none here; "
                           f"use trainer=cpu (or trainer=default, which picks the device)")
+    model = cfg.get("model")
+    if isinstance(model, DictConfig) and model.get("attn_window") is not None and model.get("attn_backend") == "flex":
+        from vitpipe.nn.patterns import flex_support
+
+        on_gpu = accelerator in ("gpu", "cuda") or (accelerator in ("auto", "") and torch.cuda.is_available())
+        support = flex_support("cuda" if on_gpu else "cpu")
+        if not support["backward"]:  # the first training step would stop on it, after the data loaded
+            raise ConfigError(f"model.attn_backend=flex cannot train on {'cuda' if on_gpu else 'cpu'} here "
+                              f"({support['why']}); use model.attn_backend=auto or sdpa for training")

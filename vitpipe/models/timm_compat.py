@@ -212,6 +212,7 @@ def _unmapped_parts(model, pos_parts: list[tuple[bool, str]]) -> list[str]:
     if not isinstance(model, ViT):
         return [f"the network type {type(model).__name__} (only vitpipe's ViT maps to timm)"]
     checks = [*pos_parts, (type(model.patch_embed) is not PatchEmbed, "the conv stem (stem=conv)"),
+              (getattr(model, "attn_window", None) is not None, "local attention (attn_window)"),
               (getattr(model, "dist_token", None) is not None, "the distillation token (dist_token=true)")]
     return [what for bad, what in checks if bad]
 

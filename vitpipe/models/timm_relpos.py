@@ -119,6 +119,8 @@ def timm_relpos_target(model: ViT) -> str:
         parts.append("register or distillation tokens")
     if model.patch_embed.__class__.__name__ != "PatchEmbed":
         parts.append("the conv stem (stem=conv)")
+    if model.attn_window is not None:
+        parts.append("local attention (attn_window)")
     beit = model.rel_pos_kind == "bias" and model.class_token and not blk.res_post_norm \
         and isinstance(blk.attn.q_norm, nn.Identity) and isinstance(model.pos_embed, (NoPosEmbed, LearnedPosEmbed))
     if not beit and not isinstance(model.pos_embed, NoPosEmbed):

@@ -209,6 +209,13 @@ class ViT(nn.Module):
         self._eval_patch_size = None if size == self.patch_size else size
 
     @property
+    def num_tokens(self) -> int:
+        """Tokens an eval-mode forward of an ``img_size`` image attends over: prefix + patches at
+        ``current_patch_size`` (the N of the (B, heads, N, N) attention matrices)."""
+        (H, W), (p, q) = self.img_size, self.current_patch_size
+        return self.num_prefix_tokens + (H // p) * (W // q)
+
+    @property
     def current_patch_size(self) -> tuple[int, int]:
         """The patch size an eval-mode forward embeds at (``set_patch_size``, else ``patch_size``)."""
         return self._eval_patch_size or self.patch_size

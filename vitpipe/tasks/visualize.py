@@ -140,7 +140,7 @@ def check_attention_memory(net, cfg: DictConfig, naflex: dict | None, device, *,
     encoder = net.encoder if captioner else net
     if not isinstance(encoder, ViT) or not len(encoder.blocks):
         return  # no attention to draw: the command says so itself
-    tokens = encoder.num_prefix_tokens + (naflex["max_seq_len"] if naflex else math.prod(encoder.grid_size))
+    tokens = encoder.num_prefix_tokens + naflex["max_seq_len"] if naflex else encoder.num_tokens
     gradient = not captioner and not naflex and canonical(cfg.method) in ("gradient", "all")
     # gradient rollout: each layer's weights and their gradients, beside the maps of the first forward pass
     layers = len(encoder.blocks) * (3 if gradient else 1)

@@ -71,9 +71,7 @@ def explicit_attention(net: nn.Module, batch_size: int, element_size: int = 4) -
     """(what, bytes) of the attention matrices the explicit path keeps for one batch: the encoder's
     (B x heads x N x N x depth), and a captioner's decoder at its max_len."""
     enc = encoder_of(net)
-    H, W = enc.img_size
-    p, q = enc.current_patch_size
-    n = enc.num_prefix_tokens + (H // p) * (W // q)
+    n = enc.num_tokens
     heads = enc.blocks[0].attn.num_heads if len(enc.blocks) else 0
     parts = [
         (
