@@ -183,3 +183,15 @@ def test_a_table_with_learned_positions_exports_as_beit(tmp_path_factory, tmp_pa
     diff = save_timm(loaded.net, loaded.preprocess.spec, tmp_path / "beit")
     assert diff < 1e-5
     assert type(timm.create_model(f"local-dir:{tmp_path / 'beit'}", pretrained=True)).__name__ == "Beit"
+
+
+@pytest.mark.parametrize("kind", ["relpos_bias", "relpos_mlp"])
+def test_a_checkpoint_with_rel_pos_exports_to_onnx(kind, tmp_path_factory, tmp_path):
+    """format=onnx of a stored run with a relative position bias: onnxruntime's logits against PyTorch's
+    (the export's own check; torch.onnx cannot decompose SDPA with a float mask, the export takes the
+    explicit softmax for it)."""
+    from vitpipe.export.onnx_format import export_onnx
+    from vitpipe.inference.load import load_predictor
+
+    loaded = load_predictor(tc.checkpoint(kind, tmp_path_factory.mktemp("ckpts")))
+    assert export_onnx(loaded.net, loaded.preprocess.spec, tmp_path / "m.onnx", kind=loaded.kind) < 1e-5

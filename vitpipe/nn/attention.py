@@ -204,7 +204,9 @@ class MultiHeadAttention(nn.Module):
             keep = ~key_padding_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, M)
             mask = keep if mask is None else mask & keep
         # SDPA's own causal flag is exact only for N == M with no other mask; else an explicit mask
-        explicit = need_weights or need_logits
+        # torch.onnx cannot decompose SDPA with a float mask (its output reshape becomes an impossible view):
+        # under export a bias takes the explicit softmax, the same function
+        explicit = need_weights or need_logits or (attn_bias is not None and torch.onnx.is_in_onnx_export())
         sdpa_causal = is_causal and mask is None and attn_bias is None and N == M and not explicit
         if is_causal and not sdpa_causal:
             causal = causal_mask(N, M, device=q.device)
@@ -222,7 +224,7 @@ class MultiHeadAttention(nn.Module):
         if mask is not None:
             attn = attn.masked_fill(~mask, float("-inf"))
         weights = attn.softmax(dim=-1)
-        return F.dropout(weights, drop) @ v, attn if need_logits else weights
+        return F.dropout(weights, drop) @ v, attn if need_logits else weights if need_weights else None
 
 
 def _divisors(n: int) -> list[int]:
