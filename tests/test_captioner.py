@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from vitpipe.config.build import build_trainer
 from vitpipe.errors import ConfigError
 from vitpipe.models import ViT, create_model
 from vitpipe.models.captioner import Captioner, prefix_lm_mask
@@ -337,7 +338,6 @@ def test_caption_experiment_trains_scores_and_checkpoints_its_tokenizer(cfg_fact
 def test_caption_nan_loss_stops_with_the_one_line_error_naming_the_step(cfg_factory):
     """The captioner shares the classifier's guard: NonFiniteLossError (vitpipe.tasks.cli prints it as one
     line, exit 3), not a bare FloatingPointError traceback."""
-    from hydra.utils import instantiate
 
     from vitpipe.lit.classifier import NonFiniteLossError
     from vitpipe.run.build import build_from_config
@@ -346,6 +346,6 @@ def test_caption_nan_loss_stops_with_the_one_line_error_naming_the_step(cfg_fact
                       "data.num_test=4", "trainer.limit_train_batches=2")
     dm, net, module = build_from_config(cfg)
     net.register_forward_hook(lambda m, i, out: out * float("nan") if m.training else out)
-    trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
+    trainer = build_trainer(cfg.trainer, logger=False, enable_checkpointing=False)
     with pytest.raises(NonFiniteLossError, match=r"loss is nan at global step 0 .*module.nonfinite=skip"):
         trainer.fit(module, dm)

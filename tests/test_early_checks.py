@@ -60,7 +60,7 @@ def test_a_bad_value_is_one_line_naming_it_and_the_valid_range_before_anything_i
         raise AssertionError("the data, model or Trainer were built before the mistake was reported")
 
     monkeypatch.setattr(vitpipe.tasks.train, "build_from_config", built)
-    monkeypatch.setattr(vitpipe.tasks.train, "instantiate_checked", built)
+    monkeypatch.setattr(vitpipe.tasks.train, "build_trainer", built)
     monkeypatch.setattr(vitpipe.tasks.train.L, "seed_everything", built)  # checked before anything is seeded, too
     cfg = cfg_factory("debug=fast", "logger=none", *override.split())
     with pytest.raises(SystemExit) as stop:

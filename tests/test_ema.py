@@ -13,9 +13,9 @@ import lightning as L
 import pytest
 import torch
 from fault_injection import NaNLossOnRank
-from hydra.utils import instantiate
 from lightning.pytorch.plugins import MixedPrecision
 
+from vitpipe.config.build import build_trainer
 from vitpipe.run.build import build_from_config
 
 DECAY, STEPS = 0.5, 3
@@ -47,7 +47,7 @@ def fit(cfg_factory, accumulate: int, *overrides: str, steps: int = STEPS, callb
     dm, net, module = build_from_config(cfg)
     initial = {k: v.detach().clone() for k, v in net.named_parameters()}
     recorder = PostStepWeights()
-    trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False, callbacks=[recorder, *callbacks],
+    trainer = build_trainer(cfg.trainer, logger=False, enable_checkpointing=False, callbacks=[recorder, *callbacks],
                           **trainer_kwargs)
     trainer.fit(module, dm)
     assert trainer.global_step == steps and sorted(recorder.weights) == list(range(1, steps + 1))

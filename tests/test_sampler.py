@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DistributedSampler
 
+from vitpipe.config.build import build_trainer
 from vitpipe.data.sampler import ShardedSampler
 from vitpipe.errors import ConfigError
 
@@ -89,7 +90,7 @@ def test_a_ddp_trainer_from_the_shipped_config_keeps_each_loaders_sampler(cfg_fa
 
     for data in (["debug=fast"], ["experiment=caption_shapes", "data.num_train=16", "data.num_val=4"]):
         cfg = cfg_factory(*data, "trainer=ddp_cpu", "trainer.devices=2", "logger=none")
-        trainer = instantiate(cfg.trainer, logger=False)  # built, not launched: no processes yet
+        trainer = build_trainer(cfg.trainer, logger=False)  # built, not launched: no processes yet
         assert trainer.world_size == 2 and trainer.distributed_sampler_kwargs == {"num_replicas": 2, "rank": 0}
         dm = instantiate(cfg.data)
         dm.setup("fit")
@@ -104,6 +105,6 @@ def test_a_ddp_trainer_from_the_shipped_config_keeps_each_loaders_sampler(cfg_fa
 
     # with Lightning's injection on, it would wrap and shard the shard again: refused in one line
     cfg = cfg_factory("debug=fast", "trainer=ddp_cpu", "trainer.devices=2", "trainer.use_distributed_sampler=true")
-    dm.trainer = instantiate(cfg.trainer, logger=False)
+    dm.trainer = build_trainer(cfg.trainer, logger=False)
     with pytest.raises(ConfigError, match=r"use_distributed_sampler=true: .*set trainer.use_distributed_sampler=false"):
         dm.train_dataloader()

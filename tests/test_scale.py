@@ -19,6 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 from vitpipe import create_model
+from vitpipe.config.build import build_trainer
 from vitpipe.models.weights import load_pretrained
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -260,7 +261,6 @@ def _nan_after(net, calls: int):
 
 @pytest.mark.parametrize("policy", ["error", "skip"])
 def test_nonfinite_loss_stops_naming_the_step_or_is_skipped(cfg_factory, policy):
-    from hydra.utils import instantiate
 
     from vitpipe.lit.classifier import NonFiniteLossError
     from vitpipe.run.build import build_from_config
@@ -268,7 +268,7 @@ def test_nonfinite_loss_stops_naming_the_step_or_is_skipped(cfg_factory, policy)
     cfg = cfg_factory(*TINY[:1], "trainer.max_epochs=1", "trainer.limit_train_batches=4", f"module.nonfinite={policy}")
     dm, net, module = build_from_config(cfg)
     _nan_after(net, 3)  # the third training forward returns NaN
-    trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
+    trainer = build_trainer(cfg.trainer, logger=False, enable_checkpointing=False)
     if policy == "error":
         with pytest.raises(NonFiniteLossError, match=r"at global step 2 .*module.nonfinite=skip"):
             trainer.fit(module, dm)

@@ -12,6 +12,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import open_dict
 
+from vitpipe.config.build import build_trainer
 from vitpipe.errors import ConfigError
 from vitpipe.run.build import build_from_config
 from vitpipe.tasks.train import train
@@ -48,7 +49,7 @@ def test_every_other_group_option_instantiates(cfg_factory, group):
             if option in ("gpu", "ddp", "fsdp") and not torch.cuda.is_available():
                 continue  # GPU-only trainers (their composition is covered by test_scale)
             node = cfg.trainer
-            assert isinstance(instantiate(node, logger=False), __import__("lightning").Trainer)
+            assert isinstance(build_trainer(node, logger=False), __import__("lightning").Trainer)
         elif group == "module":
             _, net, module = build_from_config(cfg)
             assert module.net is net
@@ -191,7 +192,7 @@ def test_vit_b16_on_synthetic_runs_at_224(cfg_factory):
     dm, net, module = build_from_config(cfg)
     seen = []
     net.register_forward_pre_hook(lambda m, a: seen.append(tuple(a[0].shape)))
-    instantiate(cfg.trainer, logger=False, enable_checkpointing=False).fit(module, dm)
+    build_trainer(cfg.trainer, logger=False, enable_checkpointing=False).fit(module, dm)
     assert seen and all(s[-2:] == (224, 224) and s[1] == 3 for s in seen)
 
 
@@ -248,7 +249,7 @@ def test_training_step_sees_mixed_images_and_soft_targets(cfg_factory, mixup):
     L.seed_everything(cfg.seed)
     dm, net, module = build_from_config(cfg)
     seen = SeenByTrainingStep(net)
-    instantiate(cfg.trainer, logger=False, enable_checkpointing=False, callbacks=[seen]).fit(module, dm)
+    build_trainer(cfg.trainer, logger=False, enable_checkpointing=False, callbacks=[seen]).fit(module, dm)
     assert len(seen.batches) == len(seen.inputs) == len(seen.grads) == len(seen.losses) == 3
     n, smoothing = cfg.data.num_classes, 0.1
     for (x, y), mixed, logits, grad, loss in zip(seen.batches, seen.inputs, seen.logits, seen.grads, seen.losses):

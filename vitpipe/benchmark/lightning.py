@@ -13,6 +13,7 @@ from hydra.utils import instantiate
 from vitpipe.benchmark.common import StepClock, compiled, interleave_runs, summarize
 from vitpipe.benchmark.config import BenchConfig
 from vitpipe.benchmark.recipe import optimizer, recipe
+from vitpipe.config.build import build_trainer
 from vitpipe.run.build import build_from_config
 
 
@@ -63,7 +64,7 @@ def compare_lightning(cfg: BenchConfig) -> dict:
 
     def lightning() -> list[float]:
         clock = StepClock(warmup=cfg.warmup, device=cfg.device)
-        trainer = instantiate(train_cfg.trainer, max_steps=total, logger=False, enable_checkpointing=False,
+        trainer = build_trainer(train_cfg.trainer, max_steps=total, logger=False, enable_checkpointing=False,
                               enable_progress_bar=False, enable_model_summary=False,
                               callbacks=[_StepClockCallback(clock)])
         trainer.fit(fresh_module(), datamodule=dm)

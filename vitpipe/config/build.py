@@ -53,6 +53,22 @@ def instantiate_checked(node: DictConfig, key: str, **kwargs):
         raise
 
 
+VITPIPE_TRAINER_KEYS = ("time_budget",)  # trainer.* keys that are vitpipe's, not Lightning Trainer arguments
+
+
+def build_trainer(node: DictConfig, **kwargs):
+    """Lightning's ``Trainer`` from ``cfg.trainer``, without the keys vitpipe reads itself
+    (``trainer.time_budget``: ``vitpipe.lit.time_budget``)."""
+    from omegaconf import OmegaConf, open_dict
+
+    node = OmegaConf.create(OmegaConf.to_container(node, resolve=True)) if node is not None else node
+    if node is not None:
+        with open_dict(node):
+            for k in VITPIPE_TRAINER_KEYS:
+                node.pop(k, None)
+    return instantiate_checked(node, "trainer", **kwargs)
+
+
 def instantiate_loggers(node: DictConfig | None) -> list:
     return [instantiate_checked(c, f"logger.{k}") for k, c in (node or {}).items() if c and "_target_" in c]
 

@@ -79,10 +79,13 @@ def trusted_target(node: DictConfig):
 
 
 def _check_arguments(node: DictConfig, key: str, target) -> None:
+    from vitpipe.config.build import VITPIPE_TRAINER_KEYS
+
     hints, takes_any = _parameters(target)
     owner = getattr(target, "__name__", str(target))
+    ours = VITPIPE_TRAINER_KEYS if key == "trainer" else ()  # read by vitpipe, not passed to Lightning
     for k in node:
-        if k in HYDRA_KEYS:
+        if k in HYDRA_KEYS or k in ours:
             continue
         if k not in hints:
             if not takes_any:

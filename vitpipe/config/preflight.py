@@ -71,7 +71,21 @@ def check_config(cfg: DictConfig) -> None:
 
 def _train(cfg: DictConfig) -> None:
     check_config(cfg)
+    check_time_budget(cfg)
     check_device(cfg)
+
+
+def check_time_budget(cfg: DictConfig) -> None:
+    """``trainer.time_budget`` fits a timm scheduler's progress to the time: a torch scheduler, sized by
+    its own step arguments, cannot follow it."""
+    if cfg.get("trainer") is None or cfg.trainer.get("time_budget") is None:
+        return
+    scheduler = cfg.module.get("scheduler") if cfg.get("module") is not None else None
+    target = str(scheduler.get("_target_") or "") if scheduler is not None else ""
+    if target and not target.startswith("timm.scheduler"):
+        raise ConfigError(f"trainer.time_budget={cfg.trainer.time_budget} fits a timm scheduler to the time; "
+                          f"module.scheduler._target_={target} is sized by its own arguments (use "
+                          "timm.scheduler.CosineLRScheduler or timm.scheduler.PolyLRScheduler, or module.scheduler=null)")
 
 
 def _eval(cfg: DictConfig) -> None:

@@ -41,6 +41,15 @@ def _between(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = Fal
     return lambda v: _finite(v) and (lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)
 
 
+def _duration(v) -> bool:
+    from vitpipe.lit.time_budget import parse_duration
+
+    try:
+        return parse_duration(v) is not None
+    except ValueError:
+        return False
+
+
 def _opt(holds: Callable[[Any], bool]) -> Callable[[Any], bool]:
     return lambda v: v is None or holds(v)
 
@@ -111,6 +120,8 @@ class Trainer:
     limit_train_batches: Any = key(_opt(lambda v: (_int(v) and v >= 1) or (isinstance(v, float) and 0 < v <= 1)),
                                    " must be an integer >= 1 (batches), a fraction in (0, 1], or null (all)")
     accumulate_grad_batches: int = key(*_POSITIVE)
+    time_budget: Any = key(_opt(_duration), ": expected a duration such as 30min, 2h, 1h30min, 90s, "
+                           "a number of seconds, or null")
     gradient_clip_val: float | None = key(_opt(_NONNEGATIVE[0]), f"{_NONNEGATIVE[1]} (0 or null: no clipping)")
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vitpipe.lit.time_budget import RESOLUTION, budget_of
+
 
 def param_groups(net: nn.Module, weight_decay: float, layer_decay: float | None = None) -> list[dict]:
     """Parameter groups for ``net``'s trainable parameters.
@@ -75,7 +77,9 @@ class ConfiguredOptimizers:
     A timm scheduler is called with ``t_initial`` and ``warmup_t`` in optimizer steps and stepped per
     update (timm schedulers are driven by the update count, not torch's ``step()``); a torch
     ``LRScheduler`` is called with the optimizer alone (its own arguments come from the config, in
-    optimizer steps) and stepped once per optimizer step.
+    optimizer steps) and stepped once per optimizer step. Under ``trainer.time_budget`` the timm
+    scheduler runs over the budget's progress instead of a step count (``vitpipe.lit.time_budget``):
+    ``t_initial`` is its resolution and each update is stepped at ``position(global_step)``.
     """
 
     def configure_optimizers(self):
@@ -86,8 +90,13 @@ class ConfiguredOptimizers:
             fold_lr_scale(optimizer)
         if factory is None:
             return optimizer
+        budget = budget_of(self.trainer)
+        if budget is not None and not timm_schedule:
+            raise ValueError(f"trainer.time_budget fits a timm scheduler to the time; module.scheduler "
+                             f"{getattr(factory, 'func', factory).__name__} is sized by its own arguments "
+                             "(use timm.scheduler.CosineLRScheduler or PolyLRScheduler, or module.scheduler=null)")
         if timm_schedule:
-            total = max(1, int(self.trainer.estimated_stepping_batches))
+            total = RESOLUTION if budget is not None else max(1, int(self.trainer.estimated_stepping_batches))
             warmup = int(self.hparams.warmup_fraction * total)
             scheduler = factory(optimizer, t_initial=total, warmup_t=warmup)
         else:
@@ -96,6 +105,7 @@ class ConfiguredOptimizers:
 
     def lr_scheduler_step(self, scheduler, metric) -> None:
         if hasattr(scheduler, "step_update"):  # timm
-            scheduler.step_update(num_updates=self.global_step)
+            budget = budget_of(self.trainer)
+            scheduler.step_update(num_updates=budget.position(self.global_step) if budget else self.global_step)
         else:
             scheduler.step()

@@ -294,10 +294,10 @@ def _as_test_split(datamodule, split: str):
 def _predict_split(cfg: DictConfig, module, datamodule, split: str, *, tta: str) -> Predictions:
     """Logits of a whole split, through a Trainer of the eval config (devices, precision) that
     writes nothing."""
-    from vitpipe.config.build import instantiate_checked
+    from vitpipe.config.build import build_trainer
 
     collector = TestPredictions()
-    trainer = instantiate_checked(cfg.trainer, "trainer", logger=False, callbacks=[collector],
+    trainer = build_trainer(cfg.trainer, logger=False, callbacks=[collector],
                                   enable_checkpointing=False, enable_progress_bar=False)
     with _as_test_split(datamodule, split), at_test_time(evaluated_net(module), tta=tta):
         trainer.test(module, datamodule=datamodule, verbose=False)

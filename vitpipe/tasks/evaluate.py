@@ -18,7 +18,7 @@ from pathlib import Path
 import lightning as L
 from omegaconf import DictConfig
 
-from vitpipe.config.build import instantiate_checked
+from vitpipe.config.build import build_trainer
 from vitpipe.config.preflight import preflight
 from vitpipe.errors import ConfigError
 from vitpipe.models.vit import ViT
@@ -59,7 +59,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if patch_size is not None:
         set_patch_size(run.module, patch_size)
     log.info("evaluating %s%s", path, f" at patch size {patch_size}" if patch_size is not None else "")
-    trainer = instantiate_checked(cfg.trainer, "trainer", logger=False, callbacks=report_callbacks(cfg))
+    trainer = build_trainer(cfg.trainer, logger=False, callbacks=report_callbacks(cfg))
     # the weights are in the module already: no ckpt_path, so Lightning does not read the file again;
     # predictions.csv + report/ (and calibration.json with calibrate=true): vitpipe.report.evaluation
     metrics = evaluate_with_report(cfg, trainer, run.module, run.datamodule, path, checkpoint)

@@ -17,14 +17,15 @@ from omegaconf import DictConfig
 
 from vitpipe.config.build import (
     apply_lr_scaling,
+    build_trainer,
     instantiate_callbacks,
-    instantiate_checked,
     instantiate_loggers,
     set_sweep_group,
 )
 from vitpipe.config.preflight import preflight
 from vitpipe.config.recipe import announce_recipe
 from vitpipe.errors import ConfigError
+from vitpipe.lit.time_budget import RunClock, TrainingClock, parse_duration
 from vitpipe.run.build import build_data, build_from_config
 from vitpipe.run.dirs import live
 from vitpipe.run.info import (
@@ -48,6 +49,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 
 def _train(cfg: DictConfig) -> dict[str, float]:
+    clock = RunClock()  # a time budget is the whole run's: it starts before the checks and the data
     preflight(cfg, "train")  # first, once: a bad value (seed=-5 included) is one line before anything runs
     dm = build_data(cfg)  # then the data's files (an image folder's links, a shard index): one line, no banner first
     L.seed_everything(cfg.seed, workers=True)
@@ -60,8 +62,12 @@ def _train(cfg: DictConfig) -> dict[str, float]:
         if not loggers:  # logger=none: nothing to log a learning rate to (Lightning would refuse to start)
             callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
         callbacks.append(ConfigInCheckpoint(cfg))  # eval rebuilds the model from the checkpoint alone
-        trainer: L.Trainer = instantiate_checked(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False,
-                                                 **slurm_plugins(cfg))
+        budget_s = parse_duration(cfg.trainer.get("time_budget"))
+        timing = TrainingClock(budget_s, clock)  # the expected duration; with a budget, the plan fitted to it
+        callbacks.append(timing)
+        limits = {"max_epochs": -1, "max_steps": -1} if budget_s is not None else {}  # the budget decides
+        trainer: L.Trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=loggers or False,
+                                           **limits, **slurm_plugins(cfg))
         apply_lr_scaling(cfg, trainer)  # needs the world size, which only the Trainer knows
         dm, net, module = build_from_config(cfg, dm=dm)  # cfg checked above (preflight, first line)
         ckpt_path = resume_path(cfg, net)
@@ -78,6 +84,8 @@ def _train(cfg: DictConfig) -> dict[str, float]:
             best = _best_checkpoint(trainer)
             trainer.test(module, datamodule=dm, ckpt_path=best, weights_only=True)
             metrics.update(collect_metrics(trainer, prefix="test/"))
+        metrics.update(timing.outcome())
+        timing.announce_outcome(trainer)
         write_run_files(cfg, metrics)
         print_summary(cfg, metrics, trainer)
         status = "success"

@@ -1,0 +1,167 @@
+"""``trainer.time_budget``: a run fitted to a wall time (vitpipe/lit/time_budget.py).
+
+The runs are real (scikit-learn's digits, vit_nano) and slowed by ``pace.Pace`` (a sleep after each
+training batch) so that the step time, not the machine, sets the plan: each run must end within 5% of
+its budget with the learning rate at the scheduler's final value, also when a SIGTERM stops it in the
+middle and ``ckpt_path`` resumes it.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import open_dict
+
+from vitpipe.config.preflight import preflight
+from vitpipe.errors import ConfigError
+from vitpipe.lit.time_budget import TrainingClock, _steps_that_fit, format_duration, parse_duration
+from vitpipe.tasks.cli import run_cli
+from vitpipe.tasks.train import train
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # pace.Pace and fault_injection.SignalAtStep, as the config names them
+
+LR_MIN = 1.0e-5  # conf/module/classifier.yaml's scheduler.lr_min
+QUIET = ["logger=none", "callbacks.progress_bar.refresh_rate=1000", "callbacks.report=null"]
+PACED = [*QUIET, "+callbacks.pace._target_=pace.Pace", "+callbacks.pace.seconds=0.04"]
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("30min", 1800), ("2h", 7200), ("1h30min", 5400), ("90s", 90),
+                                                ("1.5h", 5400), (45, 45), ("2 h", 7200), ("1d", 86400)])
+def test_durations_parse(value, seconds):
+    assert parse_duration(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["30mins", "soon", "", "-5min", 0, "1h+", True, float("nan")])
+def test_a_bad_budget_is_one_line_before_anything_runs(cfg_factory, value):
+    cfg = cfg_factory()
+    with open_dict(cfg):
+        cfg.trainer.time_budget = value
+    with pytest.raises(ConfigError) as e:
+        preflight(cfg, "train")
+    assert "trainer.time_budget" in str(e.value) and "30min" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_torch_scheduler_under_a_budget_is_refused_in_one_line(cfg_factory):
+    cfg = cfg_factory("trainer.time_budget=1min", "module.scheduler._target_=torch.optim.lr_scheduler.StepLR",
+                      "~module.scheduler.lr_min", "~module.scheduler.warmup_lr_init", "~module.scheduler.t_in_epochs",
+                      "+module.scheduler.step_size=10")
+    with pytest.raises(ConfigError, match=r"time_budget=1min fits a timm scheduler .*StepLR") as e:
+        preflight(cfg, "train")
+    assert "\n" not in str(e.value)
+
+
+def test_a_refit_keeps_the_schedule_continuous_and_ends_it_at_the_planned_step():
+    clock = TrainingClock(budget_s=60)
+    clock._refit(None, 0, 1000)
+    assert clock.progress(0) == 0 and clock.progress(500) == 0.5 and clock.progress(1000) == 1
+    before = clock.progress(400)
+    clock._refit(None, 400, 700)  # the pace got slower: fewer steps fit
+    assert clock.progress(400) == before  # no jump in the learning rate
+    assert clock.progress(700) == 1 and clock.progress(550) == pytest.approx(0.4 + 0.6 * 150 / 300)
+    clock._refit(None, 550, 2000)  # faster: more steps
+    assert clock.progress(550) == pytest.approx(0.7) and clock.progress(2000) == 1 and clock.progress(5000) == 1
+
+
+def test_the_steps_that_fit_count_the_validations_they_cross():
+    # 1 s a step, 10 steps an epoch, a 5 s validation after each epoch: 30 s hold 2 epochs (2 x 15 s)
+    assert _steps_that_fit(30, 1.0, 10, 5.0, 1, 0) == 20
+    assert _steps_that_fit(29.9, 1.0, 10, 5.0, 1, 0) == 19  # the 20th step would bring a validation
+    assert _steps_that_fit(30, 1.0, 10, 5.0, 2, 0) == 25  # validation every 2nd epoch
+    assert _steps_that_fit(30, 1.0, 10, 0.0, 0, 0) == 30  # no validation
+    assert _steps_that_fit(-1, 1.0, 10, 5.0, 1, 0) == 0
+    assert format_duration(42) == "42 s" and format_duration(1800) == "30.0 min"
+
+
+def _final_lr(run_dir: Path) -> float:
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    return saved["optimizer_states"][0]["param_groups"][0]["lr"]
+
+
+BUDGET = 15.0
+
+
+def test_a_slowed_run_ends_within_its_budget_with_the_schedule_at_its_end(cfg_factory, capsys):
+    cfg = cfg_factory(*PACED, f"trainer.time_budget={BUDGET:.0f}s")
+    start = time.monotonic()
+    metrics = train(cfg)
+    took = time.monotonic() - start
+    out = capsys.readouterr().out
+    assert 0.95 * BUDGET <= took <= 1.05 * BUDGET, out
+    assert metrics["time/budget_s"] == BUDGET and abs(metrics["time/run_s"] - took) < 0.5
+    assert _final_lr(Path(cfg.paths.output_dir)) == pytest.approx(LR_MIN)
+    plan = re.search(r"time budget 15 s: ([\d.]+) s a step .*: (\d+) steps = ([\d.]+) epochs", out)
+    assert plan, out
+    step_s, steps = float(plan[1]), int(plan[2])
+    assert 0.04 < step_s < 0.2  # the pace's 0.04 s sleep and the step itself
+    saved = torch.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == metrics["time/planned_steps"]  # stopped at the planned step
+    assert abs(saved["global_step"] - steps) <= 0.2 * steps  # the epoch-end refits moved the plan a little
+    assert re.search(r"time budget 15 s: used 1\d s \(\d+%\), \d+ steps, final learning-rate progress 1.000", out)
+
+
+def test_a_sigterm_and_resume_keep_the_budget(cfg_factory, capsys):
+    common = [*PACED, f"trainer.time_budget={BUDGET:.0f}s"]
+    stopped = cfg_factory(*common, "+callbacks.kill._target_=fault_injection.SignalAtStep",
+                          "+callbacks.kill.step=60", sub="stopped")
+    start = time.monotonic()
+    with pytest.raises(SystemExit) as stop:
+        run_cli(train, stopped)
+    first = time.monotonic() - start
+    assert stop.value.code == 128 + signal.SIGTERM
+    ckpt = Path(stopped.paths.output_dir) / "checkpoints" / "last.ckpt"
+    state = next(v for k, v in torch.load(ckpt, weights_only=True)["callbacks"].items() if "TrainingClock" in k)
+    assert state["budget_s"] == BUDGET and state["total"] > 60 and 0.5 * first < state["elapsed_s"] <= first
+    capsys.readouterr()
+
+    resumed = cfg_factory(*common, f"ckpt_path={ckpt}", sub="resumed")
+    start = time.monotonic()
+    metrics = train(resumed)
+    second = time.monotonic() - start
+    out = capsys.readouterr().out
+    assert "spent before this resume; the plan continues at step 60" in out
+    assert 0.95 * BUDGET <= first + second <= 1.05 * BUDGET, out
+    assert metrics["time/run_s"] == pytest.approx(state["elapsed_s"] + second, abs=0.5)
+    assert _final_lr(Path(resumed.paths.output_dir)) == pytest.approx(LR_MIN)
+
+
+def test_a_run_without_a_budget_says_how_long_it_will_take(cfg_factory, capsys):
+    cfg = cfg_factory(*PACED, "trainer.max_epochs=3")
+    start = time.monotonic()
+    train(cfg)
+    took = time.monotonic() - start
+    out = capsys.readouterr().out
+    said = re.search(r"([\d.]+) s a training step \(steps 3-13\); (\d+) steps and (\d+) validations to go: "
+                     r"expect about ([\d.]+) (s|min) more", out)
+    assert said, out
+    assert int(said[2]) == 3 * 41 - 13 and int(said[3]) == 3  # 41 batches an epoch (digits' 1293 at 32)
+    expected = float(said[4]) * (60 if said[5] == "min" else 1)
+    assert 0.6 * (took - 13 * float(said[1])) < expected < 1.4 * took
+
+
+@pytest.mark.slow  # a 2-process gloo run (~35 s on 2 cores)
+def test_ddp_ranks_agree_on_one_plan_and_stop_together_within_the_budget(tmp_path):
+    """Each rank measures its own pace; rank 0's plan is broadcast, so both ranks stop at the same
+    step (a rank that stopped alone would hang the other in its next all-reduce: the timeout names it)."""
+    from test_scale import _train_cli
+
+    budget = 30
+    start = time.monotonic()
+    r = _train_cli(*PACED, "trainer=ddp_cpu", "trainer.devices=2", f"trainer.time_budget={budget}s",
+                   f"hydra.run.dir={tmp_path}", env={"PYTHONPATH": str(ROOT / "tests")}, timeout=240)
+    took = time.monotonic() - start
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "the learning-rate schedule is fitted to them" in r.stdout
+    assert "final learning-rate progress 1.000" in r.stdout
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert _final_lr(tmp_path) == pytest.approx(LR_MIN)
+    metrics = __import__("json").loads((tmp_path / "metrics.json").read_text())
+    assert saved["global_step"] == metrics["time/planned_steps"]
+    assert 0.95 * budget <= metrics["time/run_s"] <= 1.05 * budget
+    assert took <= budget + 15  # the interpreter, imports and the process group's start come on top
