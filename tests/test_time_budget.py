@@ -88,7 +88,7 @@ BUDGET = 15.0
 
 
 def test_a_slowed_run_ends_within_its_budget_with_the_schedule_at_its_end(cfg_factory, capsys):
-    cfg = cfg_factory(*PACED, f"trainer.time_budget={BUDGET:.0f}s")
+    cfg = cfg_factory(*PACED, f"trainer.time_budget={BUDGET:.0f}s", "trainer.max_epochs=-1")
     start = time.monotonic()
     metrics = train(cfg)
     took = time.monotonic() - start
@@ -107,7 +107,7 @@ def test_a_slowed_run_ends_within_its_budget_with_the_schedule_at_its_end(cfg_fa
 
 
 def test_a_sigterm_and_resume_keep_the_budget(cfg_factory, capsys):
-    common = [*PACED, f"trainer.time_budget={BUDGET:.0f}s"]
+    common = [*PACED, f"trainer.time_budget={BUDGET:.0f}s", "trainer.max_epochs=-1"]
     stopped = cfg_factory(*common, "+callbacks.kill._target_=fault_injection.SignalAtStep",
                           "+callbacks.kill.step=60", sub="stopped")
     start = time.monotonic()
@@ -153,7 +153,7 @@ def test_ddp_ranks_agree_on_one_plan_and_stop_together_within_the_budget(tmp_pat
 
     budget = 30
     start = time.monotonic()
-    r = _train_cli(*PACED, "trainer=ddp_cpu", "trainer.devices=2", f"trainer.time_budget={budget}s",
+    r = _train_cli(*PACED, "trainer=ddp_cpu", "trainer.devices=2", f"trainer.time_budget={budget}s", "trainer.max_epochs=-1",
                    f"hydra.run.dir={tmp_path}", env={"PYTHONPATH": str(ROOT / "tests")}, timeout=240)
     took = time.monotonic() - start
     assert r.returncode == 0, r.stderr[-3000:]
@@ -165,3 +165,14 @@ def test_ddp_ranks_agree_on_one_plan_and_stop_together_within_the_budget(tmp_pat
     assert saved["global_step"] == metrics["time/planned_steps"]
     assert 0.95 * budget <= metrics["time/run_s"] <= 1.05 * budget
     assert took <= budget + 15  # the interpreter, imports and the process group's start come on top
+
+
+def test_max_epochs_stays_an_upper_bound_and_the_schedule_fits_it(cfg_factory, capsys):
+    """``trainer.max_epochs=2`` under a budget larger than two epochs: the run stops at two epochs
+    with the learning rate at its end (the schedule fitted to the bound), and the plan says why."""
+    cfg = cfg_factory(*PACED, "trainer.time_budget=10min", "trainer.max_epochs=2")
+    metrics = train(cfg)
+    out = capsys.readouterr().out
+    assert "82 steps = 2.0 epochs of 41" in out and "(capped by trainer.max_epochs=2; -1 lets the budget decide)" in out
+    assert metrics["time/planned_steps"] == 82 and metrics["time/run_s"] < 60
+    assert _final_lr(Path(cfg.paths.output_dir)) == pytest.approx(LR_MIN)

@@ -153,11 +153,6 @@ def has_fmnist(folder: Path) -> bool:
     return all((folder / name).is_file() for name in FMNIST_FILES)
 
 
-def max_time(seconds: int) -> str:
-    """Lightning's Timer format DD:HH:MM:SS."""
-    return f"00:00:{seconds // 60:02d}:{seconds % 60:02d}"
-
-
 def plan(check: Check) -> None:
     """The steps in order; each runs (or, with --print-steps, is printed) when its turn comes, since a
     step's limit depends on the time the ones before it took."""
@@ -194,7 +189,7 @@ def plan(check: Check) -> None:
                                            "--batch-size", "256", "--steps", "10", "--warmup", "3", "--repeats", "2",
                                            "--only", "vit", "--out", str(work / "bench_tf32.json")])
 
-    # 4. the Fashion-MNIST recipe (11 epochs), stopped by max_time if the budget runs short, then mirror TTA
+    # 4. the Fashion-MNIST recipe fitted to the time left (trainer.time_budget), then mirror TTA
     if not check.printing and has_fmnist(DEBIAN_FMNIST):
         recipe_data = []
     elif check.printing or has_fmnist(CARRIED_FMNIST):  # printing: the carried case
@@ -205,13 +200,13 @@ def plan(check: Check) -> None:
         pass
     elif recipe_data is not None:
         left = check.remaining() - 40  # the TTA evaluation after it
-        # Lightning's max_time ends training cleanly (then the best checkpoint is tested); the timeout is the backstop
+        # the recipe's time budget fits its schedule (and its test) to what is left; the timeout is the backstop
         seconds = left - 40  # start-up (data, teacher) and the test phase after training
         if seconds >= 30:
             runs = [f"paths.data_dir={work / 'data'}", f"paths.log_dir={work / 'logs_runs'}"]
             check.step("recipe", left, 40, [py, "scripts/train.py", "experiment=fmnist_vit", f"trainer={trainer}",
                                             "data.download=false", *recipe_data, *recipe_short,
-                                            f"++trainer.max_time={max_time(seconds)}", *runs,
+                                            f"trainer.time_budget={int(seconds)}s", *runs,
                                             f"hydra.run.dir={work / 'fmnist'}"])
             if check.printing or (work / "fmnist" / "metrics.json").is_file():
                 check.step("recipe_tta", 40, 0, [py, "scripts/eval.py", f"ckpt_path={work / 'fmnist'}", "tta=hflip",

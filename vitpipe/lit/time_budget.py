@@ -204,7 +204,9 @@ class TrainingClock(L.Callback):
             return
         left = self.budget_s - self.clock.elapsed() - test_s - self._finish_reserve() - (val_s if val_every else 0)
         fit = _steps_that_fit(left, self.step_s, per_epoch, val_s if val_every else 0.0, val_every, step)
-        total = self._agree_int(trainer, step + fit)
+        cap, capped_by = _step_cap(trainer, per_epoch)
+        capped = cap is not None and step + fit > cap
+        total = self._agree_int(trainer, cap if capped else step + fit)
         was = self.total
         self._refit(trainer, step, total)
         if trainer.is_global_zero and (first or not self._announced):
@@ -212,7 +214,8 @@ class TrainingClock(L.Callback):
             _say(f"vitpipe: time budget {format_duration(self.budget_s)}: {self.step_s:.3f} s a step "
                  f"(steps {step - MEASURE_STEPS}-{step}), validation ~{format_duration(val_s)}, "
                  f"test ~{format_duration(test_s)}: {self.total} steps = {self.total / per_epoch:.1f} epochs "
-                 f"of {per_epoch}; the learning-rate schedule is fitted to them")
+                 f"of {per_epoch}; the learning-rate schedule is fitted to them"
+                 + (f" (capped by {capped_by}; -1 lets the budget decide)" if capped else ""))
         elif trainer.is_global_zero and was is not None and abs(self.total - was) > max(1, 0.05 * was):
             _say(f"vitpipe: time budget: the pace is now {self.step_s:.3f} s a step; plan {was} -> {self.total} steps "
                  f"({self.total / per_epoch:.1f} epochs), the schedule continues from progress {self.p0:.3f}")
@@ -314,6 +317,17 @@ def budget_of(trainer) -> TrainingClock | None:
         if isinstance(cb, TrainingClock) and cb.budget_s is not None:
             return cb
     return None
+
+
+def _step_cap(trainer, per_epoch: int) -> tuple[int | None, str]:
+    """The step bound ``trainer.max_steps`` / ``trainer.max_epochs`` set (-1 or null: none): under a
+    budget they stay what Lightning makes them, upper bounds, and the schedule fits the smaller."""
+    caps = []
+    if trainer.max_steps is not None and trainer.max_steps > 0:
+        caps.append((int(trainer.max_steps), f"trainer.max_steps={trainer.max_steps}"))
+    if trainer.max_epochs is not None and trainer.max_epochs > 0:
+        caps.append((int(trainer.max_epochs) * per_epoch, f"trainer.max_epochs={trainer.max_epochs}"))
+    return min(caps) if caps else (None, "")
 
 
 def _steps_that_fit(seconds: float, step_s: float, per_epoch: int, val_s: float, val_every: int, step: int) -> int:

@@ -65,9 +65,8 @@ def _train(cfg: DictConfig) -> dict[str, float]:
         budget_s = parse_duration(cfg.trainer.get("time_budget"))
         timing = TrainingClock(budget_s, clock)  # the expected duration; with a budget, the plan fitted to it
         callbacks.append(timing)
-        limits = {"max_epochs": -1, "max_steps": -1} if budget_s is not None else {}  # the budget decides
         trainer: L.Trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=loggers or False,
-                                           **limits, **slurm_plugins(cfg))
+                                           **slurm_plugins(cfg))
         apply_lr_scaling(cfg, trainer)  # needs the world size, which only the Trainer knows
         dm, net, module = build_from_config(cfg, dm=dm)  # cfg checked above (preflight, first line)
         ckpt_path = resume_path(cfg, net)
