@@ -8,6 +8,7 @@ middle and ``ckpt_path`` resumes it.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import sys
@@ -176,3 +177,29 @@ def test_max_epochs_stays_an_upper_bound_and_the_schedule_fits_it(cfg_factory, c
     assert "82 steps = 2.0 epochs of 41" in out and "(capped by trainer.max_epochs=2; -1 lets the budget decide)" in out
     assert metrics["time/planned_steps"] == 82 and metrics["time/run_s"] < 60
     assert _final_lr(Path(cfg.paths.output_dir)) == pytest.approx(LR_MIN)
+
+
+def test_a_pace_that_slows_mid_run_is_followed_without_a_jump_in_the_learning_rate(cfg_factory, capsys, tmp_path):
+    """From step 60 each step sleeps 0.1 s instead of 0.03 s: the refits shrink the plan, the run
+    still ends within 5% of its budget with the schedule at its end, and the learning rate never jumps:
+    after the warm-up it only falls, by at most a few times its typical step (a refit that restarted
+    the schedule's progress would move it by tens of typical steps at once)."""
+    trace = tmp_path / "lr.json"
+    cfg = cfg_factory(*QUIET, "+callbacks.pace._target_=pace.Pace", "+callbacks.pace.seconds=0.03",
+                      "+callbacks.pace.slower_from=60", "+callbacks.pace.slower_seconds=0.1",
+                      "+callbacks.trace._target_=pace.LrTrace", f"+callbacks.trace.path={trace}",
+                      f"trainer.time_budget={BUDGET:.0f}s", "trainer.max_epochs=-1")
+    start = time.monotonic()
+    metrics = train(cfg)
+    took = time.monotonic() - start
+    out = capsys.readouterr().out
+    assert 0.95 * BUDGET <= took <= 1.05 * BUDGET, out
+    first = int(re.search(r"the learning-rate schedule is fitted", out) and re.search(r": (\d+) steps = ", out)[1])
+    assert metrics["time/planned_steps"] < 0.8 * first, out  # the slower pace was followed
+    assert _final_lr(Path(cfg.paths.output_dir)) == pytest.approx(LR_MIN)
+    lrs = [lr for _, lr in json.loads(trace.read_text())]
+    top = lrs.index(max(lrs))
+    falls = [a - b for a, b in zip(lrs[top:], lrs[top + 1:])]
+    assert min(falls) >= -1e-12  # after the warm-up the schedule only decays
+    typical = sorted(falls)[len(falls) // 2]
+    assert max(falls) < 8 * typical, (max(falls), typical)

@@ -12,7 +12,8 @@ cuts a cosine schedule short; here the schedule is *fitted* to the time instead 
 3. the learning-rate schedule runs over a *progress* in [0, 1] instead of a step count: the module's
    timm scheduler is built over ``RESOLUTION`` units and stepped with ``position(step)`` (warm-up
    and cosine, or a linear decay, keep their shapes over whatever number of steps fits);
-4. at each epoch end the plan is fitted again to the pace of that epoch. A new plan starts from the
+4. every twentieth of the plan (``REFITS``; at fixed steps, the same on every rank) the plan is fitted
+   again to the pace since the last fit and the validations timed so far. A new plan starts from the
    progress already reached, so the learning rate is continuous: only its remaining slope changes;
 5. at the planned step the run stops (``trainer.should_stop``: Lightning validates, checkpoints, and the
    test follows) with the schedule at its end (progress 1: the scheduler's final learning rate).
@@ -37,6 +38,7 @@ from lightning.pytorch.utilities import rank_zero_only
 WARM_STEPS = 3  # optimizer steps of a process not timed (allocation, lazy init, compile)
 MEASURE_STEPS = 10  # optimizer steps timed for the first plan (a fixed count: every DDP rank plans at the same step)
 RESOLUTION = 1_000_000  # the budget's scheduler length, in progress units (``position`` maps steps onto it)
+REFITS = 20  # plan refits over a run: every (planned steps / REFITS) optimizer steps
 FORWARD_SHARE = 1 / 3  # a forward pass's share of a training step's time: the guess for a validation not yet timed
 
 _UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
@@ -99,9 +101,10 @@ class TrainingClock(L.Callback):
         self.val_s: float | None = None  # one validation's measured time (None: not timed yet)
         self.val_share: float | None = None  # val_s per validation sample, for the test's estimate
         self.fits = 0
+        self.every: int | None = None  # optimizer steps between refits (None: until the first plan)
         self._marks: dict[int, float] = {}  # optimizer step -> time, this process
         self._first_step: int | None = None
-        self._epoch_start, self._epoch_first_step = 0.0, 0
+        self._last_fit: int | None = None
         self._val_start: float | None = None
         self._val_total = 0.0
         self._sizes: dict[str, tuple[int, int, int]] = {}
@@ -123,6 +126,8 @@ class TrainingClock(L.Callback):
         self.p0, self.s0 = self.progress(step), step
         self.total = max(total, step)
         self.fits += 1
+        if self.every is None:  # from the first plan, so that every rank refits at the same steps
+            self.every = max(MEASURE_STEPS, (self.total - step) // REFITS)
 
     # hooks -----------------------------------------------------------------------------------------
     def _train_time(self) -> float:
@@ -136,14 +141,10 @@ class TrainingClock(L.Callback):
         self._val_total = 0.0
         self._first_step = trainer.global_step
         self._marks = {trainer.global_step: self._train_time()}
-        # a resume mid-epoch gets no on_train_epoch_start: this epoch's pace counts from here
-        self._epoch_start, self._epoch_first_step = self._marks[trainer.global_step], trainer.global_step
+        self._last_fit = None  # a resumed run times its steps afresh before it refits
         if self.budget_s is not None and trainer.global_step and self.total is not None:
             _say(f"vitpipe: time budget {format_duration(self.budget_s)}: {format_duration(self.clock.elapsed())} "
                  f"spent before this resume; the plan continues at step {trainer.global_step} of {self.total}")
-
-    def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self._epoch_start, self._epoch_first_step = self._train_time(), trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
@@ -153,14 +154,21 @@ class TrainingClock(L.Callback):
         if step - self._first_step == WARM_STEPS + MEASURE_STEPS and self.step_s is None:
             taken = self._marks[step] - self._marks[self._first_step + WARM_STEPS]
             self.step_s = self._agree(trainer, taken / MEASURE_STEPS)
+            self._last_fit = step
             self._plan(trainer, step, first=True)
+        elif (self.budget_s is not None and self.every and self._last_fit is not None
+              and step - self._last_fit >= self.every and not trainer.should_stop):
+            pace = (self._marks[step] - self._marks[self._last_fit]) / (step - self._last_fit)
+            self.step_s = self._agree(trainer, pace)
+            self._last_fit = step
+            self._plan(trainer, step, first=False)
         if self.budget_s is None or self.total is None:
             return
         if step >= self.total:
             trainer.should_stop = True
         elif trainer.world_size == 1 and self.step_s is not None and self._out_of_time(trainer):
-            # the pace collapsed within an epoch, before a refit could follow it (one process only: a stop
-            # on time could split DDP ranks); the schedule stops short of its end
+            # the pace collapsed between two refits (one process only: a stop on time could split DDP
+            # ranks); the schedule stops short of its end
             _say(f"vitpipe: time budget: stopping at step {step} of {self.total}: only the final validation "
                  "and test still fit (the pace fell far behind the plan)")
             trainer.should_stop = True
@@ -183,14 +191,6 @@ class TrainingClock(L.Callback):
         samples = _loader_size(trainer, "val")[1]
         if samples:
             self.val_share = self.val_s / samples
-
-    def on_train_epoch_end(self, trainer, pl_module) -> None:
-        steps = trainer.global_step - self._epoch_first_step
-        if steps <= 0 or self.step_s is None:
-            return
-        self.step_s = self._agree(trainer, (self._train_time() - self._epoch_start) / steps)
-        if self.budget_s is not None and not trainer.should_stop:
-            self._plan(trainer, trainer.global_step, first=False)
 
     # the plan ------------------------------------------------------------------------------------
     def _plan(self, trainer, step: int, *, first: bool) -> None:
@@ -240,9 +240,7 @@ class TrainingClock(L.Callback):
         return FORWARD_SHARE * self.step_s * samples / train_batch if samples else 0.0
 
     def _test_estimate(self, trainer) -> float:
-        samples = _loader_size(trainer, "test")[1]
-        if not samples:
-            return 0.0
+        samples = _loader_size(trainer, "test")[1] or _loader_size(trainer, "val")[1]  # not set up yet: as val
         if self.val_share is not None:
             return self.val_share * samples
         return FORWARD_SHARE * self.step_s * samples / max(1, _batch_size(trainer, "train"))
@@ -272,7 +270,7 @@ class TrainingClock(L.Callback):
     # the checkpoint --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"elapsed_s": self.clock.elapsed(), "budget_s": self.budget_s, "total": self.total, "s0": self.s0,
-                "p0": self.p0, "step_s": self.step_s, "val_s": self.val_s, "val_share": self.val_share,
+                "p0": self.p0, "every": self.every, "step_s": self.step_s, "val_s": self.val_s, "val_share": self.val_share,
                 "fits": self.fits}
 
     def load_state_dict(self, state: dict) -> None:
@@ -289,6 +287,7 @@ class TrainingClock(L.Callback):
             _say(f"vitpipe: time budget {format_duration(state['budget_s'])} in the checkpoint, "
                  f"{format_duration(self.budget_s)} now: the plan is fitted to the new budget")
         self.total, self.s0, self.p0 = state.get("total"), int(state.get("s0", 0)), float(state.get("p0", 0.0))
+        self.every = state.get("every")
         self.val_s, self.val_share, self.fits = state.get("val_s"), state.get("val_share"), int(state.get("fits", 0))
         self._announced = True  # the resume line says where the plan stands
 
