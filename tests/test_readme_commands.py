@@ -311,6 +311,13 @@ SPECS: dict[str, Spec] = {
     "python scripts/eval.py ckpt_path=logs/fmnist_vit/runs/<time> tta=hflip": Spec(
         append=("++trainer.limit_test_batches=2",), needs=(FMNIST_RUN,), time_of=FMNIST_RUN, needs_fmnist=True,
         expect=("test/acc",)),
+    # docs/time-budget.md (and the README's command list)
+    f"{TRAIN} trainer.time_budget=5min": Spec(
+        append=("trainer.max_epochs=2", "logger=none"),
+        expect=("the learning-rate schedule is fitted to them (capped by trainer.max_epochs=2",
+                "final learning-rate progress 1.000")),
+    "python scripts/benchmark.py --only tokens --steps 5 --warmup 2 --repeats 3": Spec(
+        append=("--steps", "1", "--warmup", "1", "--repeats", "1")),
     TEACHER: Spec(append=SB, needs_fmnist=True),
     "python scripts/make_teacher.py logs/fmnist_teacher/runs/<time> assets/teachers/fmnist_resnet10t.safetensors": Spec(
         needs=(TEACHER,), time_of=TEACHER, needs_fmnist=True,

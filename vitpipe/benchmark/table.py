@@ -51,6 +51,9 @@ def format_table(result: dict) -> str:
                          f"{m['start']['pss_mb']:.0f} -> {m['end']['pss_mb']:.0f} MB) over {m['end']['processes']} processes")
         if "max_abs_loss_diff" in res:
             lines.append(f"  {comp:<10} {'|loss diff| vitpipe vs reference MAE':<45} {res['max_abs_loss_diff']:.2e}")
+        for name, fig in res.get("agreement", {}).items():
+            lines.append(f"  {comp:<10} {name + ' vs tome0: max |logit diff|, top-1 agreement':<45} "
+                         f"{fig['max_abs_logit_diff']:.3g}, {100 * fig['top1_agreement']:.1f}% of {fig['images']} images")
         lines += [f"  {comp:<10} {name} unavailable: {why}" for name, why in res.get("unavailable", {}).items()]
     lines.append(f"memory: {result['memory_method']}")
     return "\n".join(lines)

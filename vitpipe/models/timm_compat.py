@@ -59,6 +59,7 @@ def vit_kwargs_from_timm(tm: nn.Module) -> dict:
         "pool": "cls" if tm.global_pool == "token" else "mean",
         # a LayerScale has a gamma (timm <= 1.0.20 has its own class in vision_transformer.py, not timm.layers')
         "init_values": 1.0 if hasattr(blk.ls1, "gamma") else None,  # the value itself is loaded
+        "patch_drop_rate": float(getattr(tm.patch_drop, "prob", 0.0)),  # PatchDropout, or an Identity when off
     }
 
 
@@ -198,6 +199,7 @@ def timm_kwargs(model: ViT) -> dict:
         "class_token": model.class_token, "reg_tokens": model.num_prefix_tokens - int(model.class_token),
         "global_pool": "token" if model.pool == "cls" else "avg",
         "pos_embed": "none" if isinstance(model.pos_embed, NoPosEmbed) else "learn", "no_embed_class": fixed,
+        "patch_drop_rate": getattr(model, "patch_drop_rate", 0.0),  # timm has no ToMe: tome_r is vitpipe's only
     }
 
 
@@ -213,6 +215,7 @@ def _unmapped_parts(model, pos_parts: list[tuple[bool, str]]) -> list[str]:
         return [f"the network type {type(model).__name__} (only vitpipe's ViT maps to timm)"]
     checks = [*pos_parts, (type(model.patch_embed) is not PatchEmbed, "the conv stem (stem=conv)"),
               (getattr(model, "attn_window", None) is not None, "local attention (attn_window)"),
+              (getattr(model, "tome_r", 0) > 0, f"token merging (tome_r={getattr(model, 'tome_r', 0)}; timm has no ToMe)"),
               (getattr(model, "dist_token", None) is not None, "the distillation token (dist_token=true)")]
     return [what for bad, what in checks if bad]
 

@@ -15,6 +15,13 @@ so a resumed run draws the same sizes); the patch kernel is PI-resized to it (``
 the positions resampled to its grid. In eval mode the model embeds at ``patch_size`` or at the size
 ``set_patch_size`` chose, any that divides ``img_size``. The parameters stay at ``patch_size``. A patch
 dict is embedded at ``patch_size`` always: its patches were cut by the data at that size.
+
+Fewer tokens per step: ``patch_drop_rate`` trains on a random subset of the patch tokens (PatchDropout,
+Liu et al. 2023; timm's module, where timm's ``VisionTransformer`` applies it: after the positions); ``tome_r``
+merges r tokens in every block at inference (ToMe, Bolya et al. 2023; ``vitpipe.nn.tome``), with
+proportional attention and size-weighted mean pooling. Both need positions that travel with the tokens
+(absolute ones added before the blocks) and dense attention: rope, relative position bias and a local
+window are refused, as are NaFlex patch dicts.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import math
 
 import torch
+from timm.layers import PatchDropout
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -30,6 +38,7 @@ from vitpipe.nn.naflex import check_batch, grid_sizes
 from vitpipe.nn.patch_embed import STEMS, to_2tuple
 from vitpipe.nn.pos_embed import RoPE2D, build_pos_embed
 from vitpipe.nn.rel_pos import REL_POS_KINDS, build_rel_pos
+from vitpipe.nn.tome import TokenMerger, max_merge
 
 POOLS = ("cls", "mean")
 
@@ -47,6 +56,8 @@ class ViT(nn.Module):
     ``flexi_patch_sizes`` trains at random patch sizes (FlexiViT, module docstring); ``set_patch_size``
     picks the eval-time one. ``pos_embed_ar_preserving``: how learned tables are resampled for a patch
     dict's grids (``vitpipe.nn.pos_embed``; timm NaFlexVit's ``pos_embed_ar_preserving``).
+    ``patch_drop_rate`` drops that fraction of the patch tokens in training (PatchDropout); ``tome_r`` merges
+    that many tokens per block in eval mode (ToMe; ``set_tome_r`` changes it). See the module docstring.
     """
 
     def __init__(
@@ -83,6 +94,8 @@ class ViT(nn.Module):
         attn_window: int | None = None,
         attn_global_stride: int = 0,
         attn_backend: str = "auto",
+        patch_drop_rate: float = 0.0,
+        tome_r: int = 0,
     ) -> None:
         super().__init__()
         # pos_embed and num_heads are checked where they are used: build_pos_embed, MultiHeadAttention
@@ -119,6 +132,17 @@ class ViT(nn.Module):
         if hasattr(self.pos_embed, "ar_preserving"):  # the learned tables' patch-dict resampling rule
             self.pos_embed.ar_preserving = pos_embed_ar_preserving
         self.pos_drop = nn.Dropout(drop_rate)
+        self.rel_pos_kind, self.attn_window = rel_pos, attn_window  # read by the token-count checks below
+        if isinstance(patch_drop_rate, bool) or not isinstance(patch_drop_rate, (int, float)) \
+                or not 0 <= patch_drop_rate < 1:
+            raise ValueError(f"patch_drop_rate={patch_drop_rate!r}; use a fraction in [0, 1) (0: off; Liu et al. "
+                             "2023 train at 0.5)")
+        self._check_token_positions("patch_drop_rate", patch_drop_rate)
+        self.patch_drop_rate = float(patch_drop_rate)
+        # prefix tokens are kept; an Identity when off, as timm (the same module names, no state either way)
+        self.patch_drop = PatchDropout(patch_drop_rate, num_prefix_tokens=self.num_prefix_tokens) \
+            if patch_drop_rate > 0 else nn.Identity()
+        self.set_tome_r(tome_r)
 
         # stochastic depth grows linearly with depth (Huang et al. 2016; DeiT)
         rates = torch.linspace(0, drop_path_rate, depth).tolist()
@@ -129,14 +153,13 @@ class ViT(nn.Module):
             for r in rates
         )
         # relative position bias (vitpipe.nn.rel_pos): one module shared by every block, or one per block
-        self.rel_pos_kind = rel_pos
         rel_kw = dict(grid_size=self.grid_size, num_heads=num_heads, num_prefix_tokens=self.num_prefix_tokens,
                       hidden_dim=rel_pos_dim)
         self.rel_pos = build_rel_pos(rel_pos, **rel_kw) if rel_pos_shared else None
         for blk in self.blocks:
             blk.rel_pos = None if rel_pos_shared else build_rel_pos(rel_pos, **rel_kw)
         # local + global attention (vitpipe.nn.patterns): None = dense; checked by the pattern builder
-        self.attn_window, self.attn_global_stride, self.attn_backend = attn_window, attn_global_stride, attn_backend
+        self.attn_global_stride, self.attn_backend = attn_global_stride, attn_backend
         self._patterns: dict = {}
         if attn_window is not None:
             from vitpipe.nn.patterns import BACKENDS
@@ -207,6 +230,31 @@ class ViT(nn.Module):
             raise ValueError(f"stem='conv' embeds at its built patch {self.patch_size[0]} only, got patch size "
                              f"{patch_size!r}; use stem='patch' for other patch sizes (FlexiViT)")
         self._eval_patch_size = None if size == self.patch_size else size
+
+    def _check_token_positions(self, name: str, value) -> None:
+        """Dropping or merging tokens keeps what each token holds, not where it sits: refuse the schemes
+        that read a token's place in the sequence (ValueError, one line)."""
+        if not value:
+            return
+        what = [w for w, on in [("pos_embed='rope2d'", isinstance(self.pos_embed, RoPE2D)),
+                                (f"rel_pos={self.rel_pos_kind!r}", self.rel_pos_kind != "none"),
+                                (f"attn_window={self.attn_window}", self.attn_window is not None)] if on]
+        if what:
+            raise ValueError(f"{name}={value} with {' and '.join(what)}: dropped or merged tokens lose the grid these "
+                             f"read positions from; use {name}=0, or absolute positions (learned, sincos2d, ...) "
+                             "with rel_pos=none and attn_window=null")
+
+    def set_tome_r(self, r: int) -> None:
+        """Merge ``r`` tokens in every block of an eval-mode forward (ToMe); 0 turns it off. At most half the
+        patches of ``img_size`` (later blocks merge fewer where fewer are left, as the paper's algorithm does)."""
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            raise ValueError(f"tome_r={r!r}; use an int >= 0 (tokens merged per block at inference; 0: off)")
+        self._check_token_positions("tome_r", r)
+        n = self.grid_size[0] * self.grid_size[1]
+        if r > max_merge(n):
+            raise ValueError(f"tome_r={r} is more than a block can merge: {n} patches at img_size "
+                             f"{self.img_size[0]}x{self.img_size[1]} allow at most tome_r={max_merge(n)} (half of them)")
+        self.tome_r = r
 
     @property
     def num_tokens(self) -> int:
@@ -285,7 +333,8 @@ class ViT(nn.Module):
         tokens = (self.cls_token, self.dist_token, self.reg_token)
         prefix = [t.expand(x.shape[0], -1, -1) for t in tokens if t is not None]
         x = torch.cat([*prefix, x], dim=1)  # (B, P + h*w, dim)
-        return self.pos_drop(self.pos_embed(x, grid)), grid
+        x = self.patch_drop(self.pos_drop(self.pos_embed(x, grid)))  # training: (B, P + kept, dim)
+        return x, grid
 
     def _embed_naflex(self, batch: dict) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
         """Patch dict -> tokens (B, P + N, dim), key padding mask (B, P + N) (True = padding), rope phases."""
@@ -300,14 +349,41 @@ class ViT(nn.Module):
         rope = self.pos_embed.phases_naflex(coord, sizes) if isinstance(self.pos_embed, RoPE2D) else None
         return x, padding, rope
 
+    @property
+    def merges_tokens(self) -> bool:
+        """Whether a forward now merges tokens (ToMe): ``tome_r`` > 0 in eval mode."""
+        return self.tome_r > 0 and not self.training
+
     def forward_features(self, x: Tensor | dict, *, return_attn: bool = False, return_logits: bool = False):
         """Tokens (B, P + h*w, dim) after the final norm; with ``return_attn`` also the list of
         ``depth`` attention tensors (B, heads, N, N) from the explicit path, for this call only;
         with ``return_logits`` the list of their pre-softmax logits instead (scaled q.k plus any bias).
 
         For a patch dict the tokens are (B, P + N, dim) in its order; padding tokens hold values
-        that no valid token has seen (``forward_head`` takes ``patch_valid`` to pool without them)."""
+        that no valid token has seen (``forward_head`` takes ``patch_valid`` to pool without them).
+        In training with ``patch_drop_rate`` the tokens are (B, P + kept, dim); in eval mode with
+        ``tome_r`` (B, P + merged, dim) in merge order (``forward_merged`` gives their sizes too)."""
+        if (return_attn or return_logits) and self.merges_tokens:
+            raise ValueError(f"attention maps with tome_r={self.tome_r}: merged tokens change the token count per "
+                             "layer; set_tome_r(0) (model.tome_r=0) for attention maps")
+        x, attentions, _ = self._encode(x, return_attn=return_attn, return_logits=return_logits)
+        return (x, attentions) if return_attn or return_logits else x
+
+    def forward_merged(self, x: Tensor, *, trace_source: bool = False) -> tuple[Tensor, TokenMerger | None]:
+        """Eval-mode ToMe forward: tokens (B, P + n, dim) after the final norm and the ``TokenMerger`` holding
+        each token's size (B, P + n, 1) and, with ``trace_source``, its source map (B, P + n, P + h*w);
+        None for the merger when no token is merged (training, or tome_r=0)."""
+        x, _, merger = self._encode(x, trace_source=trace_source)
+        return x, merger
+
+    def _encode(self, x: Tensor | dict, *, return_attn: bool = False, return_logits: bool = False,
+                trace_source: bool = False) -> tuple[Tensor, list, TokenMerger | None]:
+        """(tokens after the final norm, the per-block attentions asked for, the ToMe merger or None)."""
         if isinstance(x, dict):
+            if self.merges_tokens or (self.training and self.patch_drop_rate > 0):
+                what = f"tome_r={self.tome_r}" if self.merges_tokens else f"patch_drop_rate={self.patch_drop_rate}"
+                raise ValueError(f"{what} takes image tensors: a NaFlex patch dict's padding and coordinates do not "
+                                 "survive dropped or merged tokens; use image batches, or set it to 0")
             if self.rel_pos_kind != "none" or self.attn_window is not None:
                 what = f"rel_pos={self.rel_pos_kind!r}" if self.rel_pos_kind != "none" else "attn_window"
                 raise ValueError(f"{what} takes image tensors; NaFlex patch dicts need rel_pos='none' and "
@@ -321,8 +397,13 @@ class ViT(nn.Module):
             biases = self.attn_biases(grid)
             pattern = self.attn_pattern(grid, x.device, explicit=return_attn or return_logits)
         attentions = []
+        # ToMe: checked against rope, rel_pos, attn_window and patch dicts above, so no other bias or mask here
+        merger = TokenMerger(x, self.tome_r, self.num_prefix_tokens, trace_source=trace_source) \
+            if self.merges_tokens else None
         for blk, bias in zip(self.blocks, biases, strict=True):
-            if return_attn or return_logits:
+            if merger is not None:
+                x = blk(x, attn_bias=merger.attn_bias(), merge=merger)  # proportional attention, then merge
+            elif return_attn or return_logits:
                 x, w = blk(x, rope=rope, key_padding_mask=padding, attn_bias=bias, attn_mask=pattern,
                            need_weights=return_attn and not return_logits, need_logits=return_logits)
                 attentions.append(w)
@@ -331,17 +412,18 @@ class ViT(nn.Module):
                                use_reentrant=False)
             else:
                 x = blk(x, rope=rope, key_padding_mask=padding, attn_bias=bias, attn_mask=pattern)
-        x = self.norm(x)
-        return (x, attentions) if return_attn or return_logits else x
+        return self.norm(x), attentions, merger
 
-    def forward_head(self, x: Tensor, *, pre_logits: bool = False, patch_valid: Tensor | None = None) -> Tensor:
-        """Pooled tokens -> logits; ``patch_valid`` (B, N) restricts mean pooling to valid patches."""
+    def forward_head(self, x: Tensor, *, pre_logits: bool = False, patch_valid: Tensor | None = None,
+                     token_sizes: Tensor | None = None) -> Tensor:
+        """Pooled tokens -> logits; ``patch_valid`` (B, N) restricts mean pooling to valid patches;
+        ``token_sizes`` (B, N) weights it by the patches each token holds (ToMe's merged tokens)."""
         if self.pool == "cls":
             x = x[:, 0]  # (B, dim)
-        elif patch_valid is None:
+        elif patch_valid is None and token_sizes is None:
             x = x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, dim)
         else:
-            keep = patch_valid.to(x.dtype)[..., None]  # (B, N, 1)
+            keep = (patch_valid if token_sizes is None else token_sizes).to(x.dtype)[..., None]  # (B, N, 1)
             x = (x[:, self.num_prefix_tokens :] * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1)  # (B, dim)
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
@@ -349,16 +431,17 @@ class ViT(nn.Module):
     def forward_heads(self, x: Tensor | dict) -> tuple[Tensor, Tensor]:
         """DeiT training: (class-token logits, distillation-token logits), each (B, num_classes).
         Without a distillation token both are the one head's logits."""
-        tokens = self.forward_features(x)
-        logits = self.forward_head(tokens, patch_valid=x["patch_valid"] if isinstance(x, dict) else None)
+        tokens, _, merger = self._encode(x)
+        sizes = None if merger is None else merger.size[:, self.num_prefix_tokens :, 0]  # (B, n) patches per token
+        logits = self.forward_head(tokens, patch_valid=x["patch_valid"] if isinstance(x, dict) else None,
+                                   token_sizes=sizes)
         if self.dist_token is None:
             return logits, logits
         return logits, self.head_dist(self.head_drop(tokens[:, 1]))  # token 1: right after the class token
 
     def forward(self, x: Tensor | dict) -> Tensor:
         if self.dist_token is None:
-            tokens = self.forward_features(x)  # checks a patch dict before its patch_valid is read
-            return self.forward_head(tokens, patch_valid=x["patch_valid"] if isinstance(x, dict) else None)
+            return self.forward_heads(x)[0]  # checks a patch dict before its patch_valid is read
         cls_logits, dist_logits = self.forward_heads(x)
         return (cls_logits + dist_logits) / 2  # DeiT at test time: the two heads averaged
 

@@ -147,6 +147,7 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         need_weights: bool = False,
         need_logits: bool = False,
+        need_keys: bool = False,
         cache: KVCache | None = None,
         rope: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
@@ -159,8 +160,11 @@ class MultiHeadAttention(nn.Module):
         cache: a ``KVCache`` for incremental decoding (see the module docstring).
         rope: (cos, sin), each (N, head_dim), rotary phases of q and k (self-attention only).
         Returns (B, N, dim), or (out, weights (B, heads, N, M)) when ``need_weights``, or (out,
-        pre-softmax logits (B, heads, N, M), masked entries -inf) when ``need_logits``.
+        pre-softmax logits (B, heads, N, M), masked entries -inf) when ``need_logits``, or (out, keys
+        (B, heads, M, head_dim) as attended, after k_norm and rope) when ``need_keys`` (token merging).
         """
+        if need_keys and (need_weights or need_logits):
+            raise ValueError("need_keys takes no need_weights/need_logits: ask for one extra output per call")
         if self.is_cross and (context is None or rope is not None):
             raise ValueError("cross-attention (built with context_dim) needs context= and takes no rope")
         if not self.is_cross and context is not None:
@@ -174,6 +178,8 @@ class MultiHeadAttention(nn.Module):
                                         need_weights, need_logits)
         out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)  # (B, N, dim)
         out = self.proj_drop(self.proj(out))
+        if need_keys:
+            return out, k
         return (out, weights) if need_weights or need_logits else out
 
     def _attend_flex(self, q: Tensor, k: Tensor, v: Tensor, block_mask, attn_bias, key_padding_mask,

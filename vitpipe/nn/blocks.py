@@ -41,20 +41,25 @@ class EncoderBlock(nn.Module):
 
     def forward(self, x: Tensor, *, rope=None, key_padding_mask: Tensor | None = None, attn_mask=None,
                 attn_bias: Tensor | None = None, need_weights: bool = False,
-                need_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                need_logits: bool = False, merge=None) -> Tensor | tuple[Tensor, Tensor]:
         """x (B, N, dim); key_padding_mask (B, N) bool, True = padding no token attends to; attn_mask
-        and attn_bias as for ``MultiHeadAttention``. Returns x, or (x, weights or logits)."""
+        and attn_bias as for ``MultiHeadAttention``. ``merge``: token merging between attention and MLP
+        (ToMe, ``vitpipe.nn.tome.TokenMerger``), called as merge(x, keys) after the attention residual,
+        so the MLP runs on fewer tokens. Returns x, or (x, weights or logits)."""
         explicit = need_weights or need_logits
         y = self.attn(self.attn_input(x), rope=rope, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
-                      attn_bias=attn_bias, need_weights=need_weights, need_logits=need_logits)
-        y, weights = y if explicit else (y, None)
+                      attn_bias=attn_bias, need_weights=need_weights, need_logits=need_logits,
+                      need_keys=merge is not None)
+        y, extra = y if explicit or merge is not None else (y, None)
         if self.res_post_norm:  # timm's ResPostRelPosBlock (Swin-V2): the norm on the branch's output
             x = x + self.drop_path1(self.norm1(y))
+            x = x if merge is None else merge(x, extra)
             x = x + self.drop_path2(self.norm2(self.mlp(x)))
         else:
             x = x + self.drop_path1(self.ls1(y))
+            x = x if merge is None else merge(x, extra)
             x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        return (x, weights) if explicit else x
+        return (x, extra) if explicit else x
 
     def attn_input(self, x: Tensor) -> Tensor:
         """What the attention of this block reads: norm1(x), or x itself with the residual post-norm."""

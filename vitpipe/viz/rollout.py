@@ -268,6 +268,13 @@ def cross_attention_maps(
 
 
 
+def _check_no_merging(model: nn.Module) -> None:
+    """Rollout multiplies (N, N) maps layer by layer: a ToMe model (``tome_r``) has fewer tokens each layer."""
+    if getattr(model, "tome_r", 0) > 0:
+        raise ConfigError("attention rollout with model.tome_r>0: merged tokens change the token count per layer; "
+                         "use tome_r=0 for rollout")
+
+
 def _model_readout(model: nn.Module, x: Tensor, num_prefix_tokens, grid_size, query) -> tuple:
     """(num_prefix_tokens, grid_size, query) from the model where the caller left them None."""
     if num_prefix_tokens is None:
@@ -295,6 +302,7 @@ def rollout_for_model(
     the model unless given; other ``kw`` (head_fusion, discard_ratio) go to
     ``attention_rollout``.
     """
+    _check_no_merging(model)
     prefix, grid, query = _model_readout(model, x, num_prefix_tokens, grid_size, query)
     with torch.no_grad(), eval_mode(model):
         _, attentions = model.forward_features(x, return_attn=True)
@@ -331,6 +339,7 @@ def naflex_rollout(
 
 def naflex_rollout_for_model(model: nn.Module, batch: dict, *, query: str | None = None, **kw) -> list[Tensor]:
     """``naflex_rollout`` of ``model`` on a patch dict: eval mode, no gradients; the query after ``model.pool``."""
+    _check_no_merging(model)
     prefix = model.num_prefix_tokens
     if query is None:
         query = "cls" if getattr(model, "pool", "cls") == "cls" and prefix >= 1 else "mean"
@@ -387,6 +396,7 @@ def gradient_rollout(
     query come from the model unless given, as in ``rollout_for_model``.
     """
     check_rollout_settings(discard_ratio=discard_ratio)
+    _check_no_merging(model)
     prefix, grid, query = _model_readout(model, x, num_prefix_tokens, grid_size, query)
     with torch.enable_grad(), eval_mode(model):
         x = x.detach().requires_grad_(True)
