@@ -19,9 +19,10 @@ import pytest
 import torch
 from omegaconf import open_dict
 
+from vitpipe.config.duration import format_duration, parse_duration
 from vitpipe.config.preflight import preflight
 from vitpipe.errors import ConfigError
-from vitpipe.lit.time_budget import TrainingClock, _steps_that_fit, format_duration, parse_duration
+from vitpipe.lit.time_budget import TrainingClock, _steps_that_fit
 from vitpipe.tasks.cli import run_cli
 from vitpipe.tasks.train import train
 
@@ -107,6 +108,7 @@ def test_a_slowed_run_ends_within_its_budget_with_the_schedule_at_its_end(cfg_fa
     assert re.search(r"time budget 15 s: used 1\d s \(\d+%\), \d+ steps, final learning-rate progress 1.000", out)
 
 
+@pytest.mark.slow  # ~15-20 s of paced training: .ci/run's slow single tests
 def test_a_sigterm_and_resume_keep_the_budget(cfg_factory, capsys):
     common = [*PACED, f"trainer.time_budget={BUDGET:.0f}s", "trainer.max_epochs=-1"]
     stopped = cfg_factory(*common, "+callbacks.kill._target_=fault_injection.SignalAtStep",
@@ -179,6 +181,7 @@ def test_max_epochs_stays_an_upper_bound_and_the_schedule_fits_it(cfg_factory, c
     assert _final_lr(Path(cfg.paths.output_dir)) == pytest.approx(LR_MIN)
 
 
+@pytest.mark.slow  # ~15-20 s of paced training: .ci/run's slow single tests
 def test_a_pace_that_slows_mid_run_is_followed_without_a_jump_in_the_learning_rate(cfg_factory, capsys, tmp_path):
     """From step 60 each step sleeps 0.1 s instead of 0.03 s: the refits shrink the plan, the run
     still ends within 5% of its budget with the schedule at its end, and the learning rate never jumps:

@@ -42,7 +42,7 @@ def _between(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = Fal
 
 
 def _duration(v) -> bool:
-    from vitpipe.lit.time_budget import parse_duration
+    from vitpipe.config.duration import parse_duration
 
     try:
         return parse_duration(v) is not None

@@ -29,47 +29,18 @@ Without a budget the same measurement gives every run its expected duration afte
 from __future__ import annotations
 
 import math
-import re
 import time
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
+
+from vitpipe.config.duration import format_duration
 
 WARM_STEPS = 3  # optimizer steps of a process not timed (allocation, lazy init, compile)
 MEASURE_STEPS = 10  # optimizer steps timed for the first plan (a fixed count: every DDP rank plans at the same step)
 RESOLUTION = 1_000_000  # the budget's scheduler length, in progress units (``position`` maps steps onto it)
 REFITS = 20  # plan refits over a run: every (planned steps / REFITS) optimizer steps
 FORWARD_SHARE = 1 / 3  # a forward pass's share of a training step's time: the guess for a validation not yet timed
-
-_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
-_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(d|hr|h|min|m|sec|s)")
-_VALID = "expected a duration such as 30min, 2h, 1h30min, 90s, or a number of seconds"
-
-
-def parse_duration(value, key: str = "trainer.time_budget") -> float | None:
-    """Seconds in ``value`` (``"30min"``, ``"2h"``, ``"1h30min"``, ``"90s"``, ``1800``); None for null."""
-    if value is None:
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    elif isinstance(value, str) and value.strip() and _PART.sub("", value.replace(" ", "")) == "":
-        seconds = sum(float(n) * _UNITS[u] for n, u in _PART.findall(value.replace(" ", "")))
-    else:
-        raise ValueError(f"{key}={value!r}: {_VALID}")
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"{key}={value!r}: must be a positive duration ({_VALID})")
-    return seconds
-
-
-def format_duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    minutes = seconds / 60
-    if minutes < 90:
-        return f"{minutes:.1f} min"
-    return f"{int(minutes // 60)} h {int(round(minutes % 60)):02d} min"
-
 
 class RunClock:
     """Wall time of a run across processes: ``carried`` (what earlier processes spent, from the

@@ -22,10 +22,11 @@ from vitpipe.config.build import (
     instantiate_loggers,
     set_sweep_group,
 )
+from vitpipe.config.duration import parse_duration
 from vitpipe.config.preflight import preflight
 from vitpipe.config.recipe import announce_recipe
 from vitpipe.errors import ConfigError
-from vitpipe.lit.time_budget import RunClock, TrainingClock, parse_duration
+from vitpipe.lit.time_budget import RunClock, TrainingClock
 from vitpipe.run.build import build_data, build_from_config
 from vitpipe.run.dirs import live
 from vitpipe.run.info import (
