@@ -81,7 +81,7 @@ def _non_default(name: str, default):
                "init_values": 1e-5, "img_size": 16, "patch_size": 4, "in_chans": 3, "num_classes": 10,
                "dim": 48, "depth": 6, "num_heads": 3, "mlp_ratio": 2.0, "flexi_patch_sizes": [2, 4],
                "rel_pos": "mlp_swin", "rel_pos_dim": 64, "fc_norm": False, "attn_window": 2, "attn_global_stride": 2,
-               "attn_backend": "sdpa"}
+               "attn_backend": "sdpa", "pool_num_heads": 2, "pool_mlp_ratio": 2.0, "rope_ref_grid": [4, 4]}
     if name in special:
         return special[name]
     if isinstance(default, bool):

@@ -31,6 +31,7 @@ def ddp_caption_run(tmp_path_factory):
     return out, r
 
 
+@pytest.mark.slow  # the shared 2-process captioner run (~18 s): .ci/run runs it after the default suite
 def test_nan_on_one_rank_is_skipped_by_every_rank_and_counted(ddp_caption_run):
     out, r = ddp_caption_run
     assert "vitpipe: skipped 1 batch(es) with a non-finite loss" in r.stdout
@@ -44,6 +45,7 @@ def test_nan_on_one_rank_is_skipped_by_every_rank_and_counted(ddp_caption_run):
     assert last["global_step"] == 4 and steps == {3}  # 4 batches, AdamW updated 3 times: the NaN step dropped
 
 
+@pytest.mark.slow  # the shared 2-process captioner run (~18 s): .ci/run runs it after the default suite
 def test_caption_evaluation_scores_each_image_once(ddp_caption_run):
     out, _ = ddp_caption_run
     metrics = json.loads((out / "run" / "metrics.json").read_text())

@@ -114,6 +114,17 @@ def _onnxscript(tmp_path):
         importlib.import_module("onnxscript._framework_apis.torch_2_11")
 
 
+def _peft(tmp_path):
+    import peft
+    from torch import nn
+
+    net = peft.inject_adapter_in_model(peft.LoraConfig(r=2, lora_alpha=2, target_modules=["0"], bias="none"),
+                                       nn.Sequential(nn.Linear(4, 4)), adapter_name="default")
+    assert {"0.base_layer.weight", "0.lora_A.default.weight"} <= set(net.state_dict())  # 0.6: 0.weight
+    net[0].merge(safe_merge=True)
+    assert isinstance(net[0].get_base_layer(), nn.Linear)
+
+
 # (distribution, the list holding it, its floor, what needs that release, probe). What only runs can show (ONNX
 # export at torch 2.7 stops in torch.export, rope2d's graph needs onnxscript 0.7.2 and onnxruntime 1.29) is
 # exercised by tests/test_export.py's ONNX tests.
@@ -128,6 +139,7 @@ FLOORS = [
     ("litdata", "dependencies", "0.2.71", 'chunk sizes in bytes ("600B")', _litdata),
     ("onnxscript", "export", "0.7.2", "rope2d's ONNX conversion; the torch_2_11 API", _onnxscript),
     ("onnxruntime", "export", "1.29", "Cos on float64 (rope2d's ONNX graph)", None),
+    ("peft", "lora", "0.7", "inject_adapter_in_model with the base_layer key layout (vitpipe/models/lora.py)", _peft),
 ]
 
 

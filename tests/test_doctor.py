@@ -61,6 +61,8 @@ def only_failure(checks: dict[str, Check], name: str) -> Check:
         {"pos_embed": "none", "rel_pos": "bias"},
         {"reg_tokens": 2},
         {"qk_norm": True},
+        {"attn_norm": True},  # the reference applies the heads' output LayerNorm too (scale failed without)
+        {"rope": True, "mlp": "swiglu", "mlp_norm": True, "attn_norm": True},  # EVA-02 from timm's zoo
     ],
     ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "learned",
 )

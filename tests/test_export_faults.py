@@ -110,6 +110,7 @@ def _changed(folder: Path, before: dict, *, written: bool):
     return condition
 
 
+@pytest.mark.slow  # three killed ONNX exports (~25 s): .ci/run runs it after the default suite
 @pytest.mark.parametrize("existing, moment", [(True, "first change"), (True, "bytes written"), (False, "first change")])
 def test_kill_9_during_onnx_export_leaves_the_old_file_or_none(ckpt, old_ckpt, tmp_path, existing, moment):
     folder = tmp_path / "exports"

@@ -68,6 +68,7 @@ def test_auc_and_bad_options():
         deletion_insertion(net, x, torch.rand(1, 5, 5))
 
 
+@pytest.mark.slow  # two more pointing models trained (~12 s): .ci/run runs it after the default suite
 def test_rollout_beats_random_on_the_pointing_model(trained):  # noqa: F811
     """Averaged over three trained models (seeds 0-2): one model's AUCs depend on where its training
     ended, which differs between CPUs (on a 2-core AMD EPYC seed 0's rollout deletes no better than

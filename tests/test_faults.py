@@ -124,6 +124,7 @@ def _equal_weights(a: dict, b: dict, *, ema: bool = False) -> list[str]:
     return [k for k in wa if not torch.equal(wa[k], wb[k])]
 
 
+@pytest.mark.slow  # the shared interrupted CLI runs (~40 s): .ci/run runs it after the default suite
 def test_ctrl_c_saves_last_at_the_interrupted_step_and_resumes_to_the_same_weights(runs):
     a = runs["int_a"]
     assert a.returncode == 128 + signal.SIGINT, a.stderr[-3000:]  # 130, as a shell reports Ctrl-C
@@ -137,6 +138,7 @@ def test_ctrl_c_saves_last_at_the_interrupted_step_and_resumes_to_the_same_weigh
     assert _equal_weights(full, resumed, ema=True) == []
 
 
+@pytest.mark.slow  # the shared interrupted CLI runs (~40 s): .ci/run runs it after the default suite
 def test_kill_9_mid_epoch_resumes_from_the_last_saved_step(runs):
     assert runs["kill_a"].returncode == -signal.SIGKILL
     assert runs["kill_last"]["global_step"] == 6  # the every-3-steps save, mid-way through epoch 1
@@ -148,15 +150,18 @@ def test_kill_9_mid_epoch_resumes_from_the_last_saved_step(runs):
         assert left == [], f"temp files left in {d}: {left}"
 
 
+@pytest.mark.slow  # the shared interrupted CLI runs (~40 s): .ci/run runs it after the default suite
 def test_stale_temp_files_are_removed_on_resume_and_a_live_writers_file_is_kept(runs):
     assert runs["stale"] and not any(p.exists() for p in runs["stale"])
     assert runs["live"].exists()  # its writer (this pytest process) is alive: maybe a save in progress
 
 
+@pytest.mark.slow  # the shared interrupted CLI runs (~40 s): .ci/run runs it after the default suite
 def test_resume_from_a_step_checkpoint_equals_an_uninterrupted_run(runs):
     assert _equal_weights(_last(runs["full_dir"]), _last(runs["kill_b_dir"]), ema=True) == []
 
 
+@pytest.mark.slow  # the shared interrupted CLI runs (~40 s): .ci/run runs it after the default suite
 def test_checkpoints_and_run_files_follow_the_umask(runs):
     files = [runs["full_dir"] / "checkpoints" / "last.ckpt", runs["full_dir"] / "config.yaml",
              runs["int_b_dir"].parent / "a" / "checkpoints" / "last.ckpt"]  # the last one: the Ctrl-C save
@@ -218,6 +223,7 @@ def test_ctrl_c_twice_stops_at_once_without_saving(cfg_factory, capsys):
 # ---- a full disk ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the shared interrupted CLI runs (~40 s): .ci/run runs it after the default suite
 def test_full_disk_names_the_path_in_one_line_and_the_earlier_checkpoint_still_loads(runs, tmp_path):
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
@@ -339,6 +345,7 @@ def test_step_checkpoint_resume_has_no_not_resumable_warning_and_stays_exact(cfg
     assert _equal_weights(final, _last(bare.parent)) != []  # the streams did start elsewhere
 
 
+@pytest.mark.slow  # the shared interrupted CLI runs (~40 s): .ci/run runs it after the default suite
 def test_resumed_cli_runs_print_no_not_resumable_warning(runs):
     """The Ctrl-C'd (step 5) and kill -9'd (step 6) runs resume mid-epoch through scripts/train.py,
     exactly (the tests above): Lightning's warning that they would not is not printed."""

@@ -226,7 +226,7 @@ def test_head_then_full_encoder_waits_for_the_warmup_epochs(cfg_factory, tmp_pat
 
 
 @pytest.mark.parametrize("override, words", [
-    ("module.finetune=probe", "module.finetune='probe'; valid choices: full, linear_probe, head_then_full"),
+    ("module.finetune=probe", "module.finetune='probe'; valid choices: full, linear_probe, head_then_full, lora"),
     ("module.finetune=head_then_full", "needs module.finetune_warmup_epochs >= 1"),
     ("module.layer_decay=1.5", "module.layer_decay=1.5: expected a number in (0, 1]"),
     ("module.layer_decay=0", "module.layer_decay=0: expected a number in (0, 1]"),

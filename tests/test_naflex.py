@@ -73,8 +73,9 @@ def test_logits_match_timm_naflexvit(name, pos_embed, pool):
 
 
 def test_from_timm_names_an_unsupported_naflex_setting():
-    tm = tiny_timm("naflexvit_base_patch16_par_gap", pos_embed_use_grid_sample=True, pre_norm=True)
-    with pytest.raises(ValueError, match=r"pre_norm, .*pos_embed_use_grid_sample=True; .*naflexvit_base_patch16_gap"):
+    tm = tiny_timm("naflexvit_base_patch16_par_gap", pos_embed_use_grid_sample=True, pool_include_prefix=True)
+    with pytest.raises(ValueError, match=r"pool_include_prefix=True, .*pos_embed_use_grid_sample=True; "
+                                         r".*naflexvit_base_patch16_gap"):
         from_timm(tm)
 
 

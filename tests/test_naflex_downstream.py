@@ -23,13 +23,13 @@ MAX_SEQ_LEN = 12
 SIZES = [(8, 20), (30, 9), (8, 8), (5, 40)]
 
 
-def naflex_checkpoint(base: Path, pool: str = "mean", pos_embed: str = "learned") -> Path:
+def naflex_checkpoint(base: Path, pool: str = "mean", pos_embed: str = "learned", *extra: str) -> Path:
     """A tiny classifier checkpoint (random weights, as tests/tiny_checkpoints.py makes them) built through
     ``train.build`` with ``data.naflex.enabled=true``: the config the NaFlex training path stores."""
     from vitpipe.run.build import build_from_config
 
-    root = base / f"{pos_embed}_{pool}"
-    overrides = [f"model.pos_embed={pos_embed}", f"model.pool={pool}", f"model.class_token={pool == 'cls'}"]
+    root = base / "_".join([pos_embed, pool, *extra]).replace("=", "-")
+    overrides = [f"model.pos_embed={pos_embed}", f"model.pool={pool}", f"model.class_token={pool == 'cls'}", *extra]
     naflex = ["data.naflex.enabled=true", f"data.naflex.seq_lens=[{MAX_SEQ_LEN}]", f"data.naflex.max_seq_len={MAX_SEQ_LEN}"]
     cfg = make_cfg(root, ["debug=fast", "logger=none", "model.depth=2", *overrides, *naflex])
     dm, net, module = build_from_config(cfg)
@@ -230,6 +230,18 @@ def test_export_onnx_dynamic_sequence_length(pos_embed, pool, tmp_path):
         with torch.no_grad():
             want = net(b)
         assert (got - want).abs().max() < 1e-4
+
+
+def test_export_onnx_naflex_with_rotary_positions_is_refused_in_one_line(tmp_path):
+    """The ONNX graph reads each grid's additive positions from a table; model.rope=true (EVA-02's rotary phases
+    beside the table) rotates q/k per grid, which that graph leaves out: refused, nothing written."""
+    from vitpipe.tasks.export import export
+
+    ckpt = naflex_checkpoint(tmp_path, "mean", "learned", "model.rope=true")
+    out = tmp_path / "m.onnx"
+    with pytest.raises(ConfigError, match="model.rope=true rotates q/k per image grid") as e:
+        export(export_cfg(tmp_path, ckpt, "onnx", out))
+    assert len(str(e.value).splitlines()) == 1 and not out.exists()
 
 
 def test_visualize_naflex_draws_each_image_at_its_aspect(ckpt, tmp_path):

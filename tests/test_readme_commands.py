@@ -68,6 +68,9 @@ TEACHER = f"{TRAIN} experiment=fmnist_teacher"
 SWEEP = f"{TRAIN} -m model.pos_embed=learned,sincos2d,learned2d"
 SOURCE = f"{TRAIN} experiment=transfer_source"
 MAE_FMNIST = f"{TRAIN} experiment=mae_fmnist"
+LORA_WEIGHTS = ("python -c \"import os; from safetensors.torch import save_file; from vitpipe.models import create_model; "
+                "os.makedirs('logs', exist_ok=True); m = create_model('vit_s16', num_classes=10); save_file({k: "
+                "v.contiguous() for k, v in m.state_dict().items()}, 'logs/vit_s16_random.safetensors')\"")
 FLEXI = f'{TRAIN} model=vit_micro model.img_size=28 data=fashion_mnist "model.flexi_patch_sizes=[4,7,14]"'
 ASPECT = "python scripts/make_aspect_data.py --out data/fmnist_aspect --train 3000 --val 500 --test 1000 --seed 0"
 MOSAICS = "python scripts/make_mosaics.py --out data/fmnist_mosaics --train 4000 --val 500 --test 500 --seed 0"
@@ -78,6 +81,12 @@ DEMO_FMNIST = f"{TRAIN} experiment=fmnist_vit module.distill=null trainer.max_ep
 SERVE = "python scripts/serve.py ckpt_path=last"
 ASK = ("curl -sf -X POST localhost:{port}/predict -F image=@digits_png/00_true8.png",
        'curl -sf -X POST "localhost:{port}/predict?explain=rollout" -F image=@digits_png/00_true8.png')
+HF_SAVE = ("python -c \"from sklearn.datasets import load_digits; from datasets import ClassLabel, Dataset, DatasetDict, "
+           "Features, Image; d = load_digits(); f = Features({'image': Image(), 'label': ClassLabel(names=[str(i) for i in "
+           "range(10)])}); part = lambda a, b: Dataset.from_dict({'image': [(x * 255 / 16).astype('uint8') for x in "
+           "d.images[a:b]], 'label': d.target[a:b]}, features=f); DatasetDict(train=part(0, 1300), validation=part(1300, "
+           "1500), test=part(1500, None)).save_to_disk('data/digits_hf')\"")
+HF_TRAIN = f"{TRAIN} data=hf data.name=data/digits_hf"
 ML_DATA = "data=imagefolder data.root=data/fmnist_mosaics data.labels=labels.csv"
 ML_EVAL = f"python scripts/eval.py ckpt_path=logs/train/runs/<time> {ML_DATA}"
 ML_SHARDS = ("python scripts/make_shards.py data=imagefolder data.root=data/fmnist_mosaics data.labels=labels.csv "
@@ -115,6 +124,12 @@ SPECS: dict[str, Spec] = {
     DEMO_FMNIST: Spec(append=SB, needs_fmnist=True),
     "python tests/drivers/demo_screenshot.py --ckpt logs/fmnist_vit/runs/<time> --example 0 --out docs/img/demo.png": Spec(
         needs=(DEMO_FMNIST,), time_of=DEMO_FMNIST, needs_fmnist=True, needs_chromium=True, files=("docs/img/demo.png",)),
+    # docs/hf-datasets.md
+    HF_SAVE: Spec(files=("data/digits_hf/dataset_dict.json",)),
+    HF_TRAIN: Spec(append=S, needs=(HF_SAVE,), expect=("vit_nano on HFDataModule", "test/acc")),
+    f"{HF_TRAIN} data.streaming=true": Spec(append=S, needs=(HF_SAVE,), expect=("vit_nano on HFDataModule",)),
+    f"{TRAIN} data=hf data.name=uoft-cs/cifar10 data.image_column=img": Spec(
+        fails=r"data\.name=uoft-cs/cifar10: not a local path and not in the Hugging Face cache"),
     # docs/multilabel.md
     MOSAICS: Spec(needs_fmnist=True, files=("data/fmnist_mosaics/labels.csv", "data/fmnist_mosaics/manifest.csv")),
     MOSAIC_TRAIN: Spec(append=S, needs=(MOSAICS,), needs_fmnist=True, expect=("test/map",)),
@@ -214,6 +229,11 @@ SPECS: dict[str, Spec] = {
     "pip install .": Spec(skip="an install step: tests/test_install.py builds the wheel and installs it in a fresh venv"),
     "pip wheel --no-deps . -w dist/": Spec(skip="tests/test_install.py builds the wheel (from a copy of the package's files)"),
     "pip install dist/vitpipe-0.1.0-py3-none-any.whl": Spec(skip="tests/test_install.py installs the wheel in a fresh venv"),
+    # docs/timm-zoo.md
+    "python -m vitpipe.models.timm_zoo": Spec(skip="the full scan (~5 min): tests/test_timm_zoo.py -m slow runs its code"),
+    "python -m vitpipe.models.timm_zoo --filter 'eva02*'": Spec(expect=("parity",)),
+    "python -m vitpipe.models.timm_zoo --families 'vit_*,deit*' --max-params 30e6": Spec(
+        skip="a scan of ~100 entry points: tests/test_timm_zoo.py -m slow runs the full scan"),
     "python -m pytest -q": Spec(skip="the test command itself: .ci/run runs it"),
     "python -m pytest -q -m slow": Spec(skip="a test command: .ci/run runs the slow README commands"),
     "python -m pytest -q -m slow tests/test_benchmark.py": Spec(skip="a test command (27 min of training)"),
@@ -229,10 +249,15 @@ SPECS: dict[str, Spec] = {
     "python scripts/sweep_report.py logs/train/multiruns/<time>": Spec(
         needs=(SWEEP,), time_of=SWEEP, quick=True, expect=(": 3 job(s)", "pos_embed")),
     CAPTION: Spec(append=S),
-    f"{TRAIN} ckpt_path=last": Spec(append=S, needs=(DEFAULT,), own_dir=True, quick=True,
+    f"{TRAIN} ckpt_path=last": Spec(append=S, needs=(DEFAULT,), own_dir=True,
                                     expect=("ckpt_path=last -> run", "resuming from")),
     "python scripts/eval.py ckpt_path=logs/train/runs/<time>": Spec(
         append=("++trainer.limit_test_batches=2",), needs=(DEFAULT,), time_of=DEFAULT, expect=("test/acc",)),
+    # docs/time-budget.md: ToMe at inference on any trained run
+    "python scripts/eval.py ckpt_path=logs/train/runs/<time> model_tome_r=8": Spec(
+        append=("++trainer.limit_test_batches=2",), needs=(DEFAULT,), time_of=DEFAULT, expect=("test/acc",)),
+    "python scripts/predict.py ckpt_path=last images=digits_png out=preds.csv model_tome_r=8": Spec(
+        needs=(DEFAULT, PNGS), session="e2e", files=("preds.csv",)),
     f"{TRAIN} model.num_classes=7": Spec(quick=True),   # the README shows its line
     f"{TRAIN} data.batch_size=abc": Spec(quick=True),
     f"{TRAIN} trainer.max_epoch=3": Spec(quick=True),
@@ -245,6 +270,23 @@ SPECS: dict[str, Spec] = {
         append=S, needs=(SOURCE,), needs_fmnist=True, expect=("sweep summary of 3 job(s)",)),
     f"{TRAIN} -m experiment=transfer_target seed=0,1,2 module.layer_decay=0.65": Spec(
         append=S, needs=(SOURCE,), needs_fmnist=True, expect=("sweep summary of 3 job(s)",)),
+    # README and docs/finetuning.md, LoRA
+    f"{TRAIN} experiment=transfer_target module.finetune=lora": Spec(
+        append=S, needs=(SOURCE,), needs_fmnist=True, expect=("parameters trainable", "module.finetune=lora)")),
+    f'{TRAIN} experiment=transfer_target module.finetune=lora module.lora.r=16 module.lora.alpha=16 '
+    'module.lora.dropout=0.0 "module.lora.targets=[qkv,fc1,fc2]"': Spec(
+        append=S, needs=(SOURCE,), needs_fmnist=True, expect=("parameters trainable", "module.finetune=lora)")),
+    f"{TRAIN} -m experiment=transfer_target seed=0,1,2 module.finetune=lora": Spec(
+        append=S, needs=(SOURCE,), needs_fmnist=True, expect=("sweep summary of 3 job(s)", "module.finetune=lora)")),
+    f"{TRAIN} -m experiment=transfer_target seed=0,1,2 module.finetune=lora module.optimizer.lr=5e-3": Spec(
+        append=S, needs=(SOURCE,), needs_fmnist=True, expect=("sweep summary of 3 job(s)",)),
+    f"{TRAIN} -m experiment=transfer_target seed=0,1,2 module.finetune=lora module.lora.r=4 module.optimizer.lr=5e-3": Spec(
+        append=S, needs=(SOURCE,), needs_fmnist=True, expect=("sweep summary of 3 job(s)",)),
+    LORA_WEIGHTS: Spec(files=("logs/vit_s16_random.safetensors",)),
+    f"{TRAIN} model=vit_s16 data=synthetic trainer=cpu logger=none test=false data.length=256 data.test_length=32 "
+    "data.num_workers=0 data.batch_size=4 trainer.max_steps=3 trainer.max_epochs=-1 trainer.limit_val_batches=0 "
+    "model.pretrained=logs/vit_s16_random.safetensors module.finetune=lora": Spec(
+        needs=(LORA_WEIGHTS,), expect=("1,036,042 of 22,701,706 parameters trainable", "peak memory")),
     "python scripts/eval.py ckpt_path=<run_dir_or_ckpt_or_last> split=test calibrate=true": Spec(
         needs=(DEFAULT,), session="e2e", expect=("test/acc",)),
     "python scripts/predict.py ckpt_path=<ckpt | run dir | last> images=<folder | file | 'glob/*.jpg'> out=preds.csv "
@@ -293,6 +335,8 @@ SPECS: dict[str, Spec] = {
     "python scripts/visualize_attention.py ckpt_path=<ckpt> images=path/to/images method=all out=figs": Spec(
         needs=(DEFAULT, PNGS), session="e2e", files=("figs/rollout_grid.png",)),
     FMNIST_RUN: Spec(append=SB, needs_fmnist=True),
+    f"{FMNIST_RUN} trainer.time_budget=10min": Spec(append=SB, needs_fmnist=True,
+                                                    expect=("vitpipe: time budget 10.0 min: used",)),
     "python scripts/visualize_attention.py ckpt_path=logs/fmnist_vit/runs/<time> images=test num_images=8 "
     "method=rollout side_by_side=true per_image=false out=notebooks/figures/fmnist_rollout": Spec(
         needs=(FMNIST_RUN,), time_of=FMNIST_RUN, needs_fmnist=True,

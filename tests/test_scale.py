@@ -126,6 +126,7 @@ def ddp_runs(tmp_path_factory):
     return r
 
 
+@pytest.mark.slow  # the shared 2-process DDP runs (~35 s): .ci/run runs it after the default suite
 def test_ddp_two_processes_equal_one_process_with_the_same_global_batch(ddp_runs):
     ddp, single, tmp_path = ddp_runs["ddp"], ddp_runs["one"], ddp_runs["tmp"]
     assert ddp.returncode == 0, ddp.stderr[-3000:]
@@ -168,6 +169,7 @@ def test_multirun_of_three_jobs_writes_a_summary_row_per_job(tmp_path):
     assert rebuilt.returncode == 0 and (sweep / "summary.csv").read_text().strip().splitlines() == csv
 
 
+@pytest.mark.slow  # the shared 2-process DDP runs (~35 s): .ci/run runs it after the default suite
 def test_ddp_resume_from_a_mid_epoch_step_checkpoint_matches_an_uninterrupted_run(ddp_runs):
     """2-process DDP, drop path and mixup/cutmix on: every rank draws from torch's and numpy's global
     generators. The uninterrupted run kept its step-8 checkpoint (mid-way through epoch 1: what a

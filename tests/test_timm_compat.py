@@ -199,9 +199,11 @@ def test_qk_norm_to_timm_is_exact_and_exports(tmp_path):
     assert _max_logit_diff(loaded, m, x) <= 1e-5
 
 
-def test_from_timm_refuses_another_layer_norm_eps():
+def test_from_timm_carries_another_layer_norm_eps():
+    """CLIP-style eps 1e-5 (every norm, the qk norms included) converts as norm_eps, with timm's logits."""
     from functools import partial
 
-    tm = VisionTransformer(**QK_NORM, norm_layer=partial(torch.nn.LayerNorm, eps=1e-5))
-    with pytest.raises(ValueError, match=r"LayerNorm eps 1e-05 \(vitpipe's is 1e-6\)"):
-        from_timm(tm)
+    tm = _random_timm(dict(QK_NORM, norm_layer=partial(torch.nn.LayerNorm, eps=1e-5)))
+    m = from_timm(tm)
+    assert m.norm_eps == 1e-5 and m.blocks[0].attn.q_norm.eps == 1e-5
+    assert _max_logit_diff(m, tm, torch.randn(2, 3, 16, 16)) <= 1e-5

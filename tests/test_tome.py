@@ -238,3 +238,68 @@ def test_timm_export_of_a_merging_model_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"cannot express token merging \(tome_r=2; timm has no ToMe\)") as e:
         to_timm(_model(2, stem="patch", class_token=True, pool="cls").eval())
     assert "\n" not in str(e.value)
+
+
+# --------------------------------------------------------------------------- eval and predict: model_tome_r
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    """A short train() run of a 2-block vit_nano (8x8 digits, patch 2: 16 patches, so up to 8 merged per block);
+    10 steps, so the head is no longer the near-zero of its init (whose logits ignore the tokens)."""
+    from pathlib import Path
+
+    from tests.conftest import make_cfg
+    from vitpipe.tasks.train import train
+
+    tmp = tmp_path_factory.mktemp("tome_run")
+    cfg = make_cfg(tmp, ["debug=fast", "logger=none", "model.depth=2", "trainer.limit_train_batches=10",
+                         "trainer.limit_test_batches=4"])
+    train(cfg)
+    return next((Path(cfg.paths.output_dir) / "checkpoints").glob("epoch_*.ckpt"))
+
+
+def test_eval_and_predict_merge_tokens_of_a_trained_run(digits_run, tmp_path):
+    """eval's model_tome_r=0 is the run as trained, bitwise; r=3 tests the same weights merging 3 tokens per
+    block; predict's loader merges as a model built with tome_r=3 does (the same logits)."""
+    from tests.conftest import make_cfg
+    from vitpipe.inference.load import load_predictor
+    from vitpipe.run.checkpoint import rebuild
+    from vitpipe.run.stored import load_checkpoint
+    from vitpipe.tasks.evaluate import evaluate
+
+    def scores(*extra):
+        return evaluate(make_cfg(tmp_path / ("_".join(extra) or "plain"), [f"ckpt_path={digits_run}", *extra],
+                                 config_name="eval"))
+
+    plain, off, merged = scores(), scores("model_tome_r=0"), scores("model_tome_r=3")
+    assert off == plain
+    assert merged["test/loss"] != plain["test/loss"] and math.isfinite(merged["test/loss"])
+    loaded = load_predictor(digits_run, tome_r=3)
+    assert loaded.net.tome_r == 3
+    reference = rebuild(load_checkpoint(digits_run), digits_run).net.eval()
+    reference.set_tome_r(3)
+    x = torch.randn(4, reference.in_chans, *reference.img_size)
+    with torch.no_grad():
+        assert torch.equal(loaded.net(x), reference(x))
+        reference.set_tome_r(0)
+        assert not torch.equal(loaded.net(x), reference(x))
+    with pytest.raises(ConfigError, match=r"^model_tome_r=9: tome_r=9 is more than a block can merge"):
+        load_predictor(digits_run, tome_r=9)
+
+
+@pytest.mark.parametrize("config", ["eval", "predict"])
+@pytest.mark.parametrize("value", ["-1", "1.5", "abc"])
+def test_bad_model_tome_r_is_refused_before_the_checkpoint_is_read(tmp_path, config, value):
+    from tests.conftest import make_cfg
+    from vitpipe.tasks.evaluate import evaluate
+    from vitpipe.tasks.predict import predict
+
+    extra = [f"images={tmp_path}", f"out={tmp_path}/p.csv"] if config == "predict" else []
+    cfg = make_cfg(tmp_path, [f"ckpt_path={tmp_path / 'missing.ckpt'}", f"model_tome_r={value}", *extra],
+                   config_name=config)
+    with pytest.raises(ConfigError) as err:
+        (evaluate if config == "eval" else predict)(cfg)
+    shown = {"-1": "-1", "1.5": "1.5", "abc": "'abc'"}[value]
+    assert str(err.value) == (f"model_tome_r={shown}; use null (the run's own model.tome_r) or an int >= 0 (tokens "
+                              "merged per block at inference; 0: off)")

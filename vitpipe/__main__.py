@@ -27,7 +27,15 @@ Hydra searches --config-dir after the shipped configs, so give the copy a name o
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv is None:  # the console entry point: a time budget holds the process's whole wall time
+        from vitpipe.run.wallclock import typed_command
+
+        with typed_command():
+            return _main(sys.argv[1:])
+    return _main(list(argv))
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(overview())
         return 0

@@ -51,7 +51,13 @@ def command(name: str) -> Callable[[], int]:
     """``main()`` of ``scripts/<script>.py``: the command as typed after the script's name (sys.argv[1:])."""
     if name not in COMMANDS:
         raise KeyError(name)
-    return lambda: run(name)
+    def main() -> int:
+        from vitpipe.run.wallclock import typed_command
+
+        with typed_command():  # a time budget holds the process's whole wall time, start-up included
+            return run(name)
+
+    return main
 
 
 def run(name: str, args: list[str] | None = None) -> int:

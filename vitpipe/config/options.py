@@ -113,10 +113,20 @@ def check_out(spec) -> Path:
     return out
 
 
+def check_model_tome_r(r) -> int | None:
+    """``model_tome_r`` of eval and predict (ToMe at inference, ``vitpipe.inference.vit_options``), checked before anything
+    loads: null (the run's own ``model.tome_r``) or an int >= 0."""
+    if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 0):
+        raise ConfigError(f"model_tome_r={r!r}; use null (the run's own model.tome_r) or an int >= 0 (tokens merged "
+                          "per block at inference; 0: off)")
+    return r
+
+
 def check_predict(cfg: DictConfig) -> None:
     _at_least(cfg, (("topk", 1), ("batch_size", 1), ("num_workers", 0)))
     check_tta(cfg.tta)
     check_threshold(cfg.get("threshold"))
+    check_model_tome_r(cfg.get("model_tome_r"))
     check_out(cfg.out)
 
 

@@ -72,7 +72,21 @@ def check_config(cfg: DictConfig) -> None:
 def _train(cfg: DictConfig) -> None:
     check_config(cfg)
     check_time_budget(cfg)
+    check_lora_base(cfg)
     check_device(cfg)
+
+
+def check_lora_base(cfg: DictConfig) -> None:
+    """``module.finetune=lora`` trains adapters on frozen weights: without ``model.pretrained`` those are
+    random, and the run learns next to nothing (the head on random features). Refused rather than warned:
+    minutes of training for a config that forgot one key."""
+    module = cfg.get("module")
+    if not isinstance(module, DictConfig) or module.get("finetune") != "lora":
+        return
+    if not cfg.model.get("pretrained"):
+        raise ConfigError("module.finetune=lora adapts pretrained weights, but model.pretrained is null (the frozen "
+                          "weights would be random); set model.pretrained=<a run directory, a weights file or a "
+                          "timm name>, or use module.finetune=full")
 
 
 def check_time_budget(cfg: DictConfig) -> None:

@@ -81,6 +81,8 @@ class Data:
     batch_size: int = key(*_POSITIVE)
     eval_batch_size: int | None = key(_opt(_POSITIVE[0]), " must be a positive integer or null")
     num_workers: int | None = key(_opt(lambda v: _int(v) and v >= 0), " must be an integer >= 0, or null (auto)")
+    shuffle_buffer: int = key(*_POSITIVE)  # data=hf streaming
+    num_samples: int | None = key(_opt(_POSITIVE[0]), " must be a positive integer (examples per epoch), or null")
 
 
 @dataclass
@@ -113,6 +115,13 @@ class Module:
 
 
 @dataclass
+class Lora:
+    r: int = key(_POSITIVE[0], " must be a positive integer (the adapters' rank), e.g. 16")
+    alpha: float = key(lambda v: _finite(v) and v > 0, " must be a number > 0 (the adapters scale by alpha / r)")
+    dropout: float = key(*_FRACTION)
+
+
+@dataclass
 class Trainer:
     max_epochs: int | None = key(_opt(_STEPS), f"{_EPOCHS}, or null")
     max_steps: int = key(_STEPS, " must be an integer >= 1, or -1 (no limit)")
@@ -135,11 +144,14 @@ class Model:
     drop_path_rate: float = key(*_FRACTION)
     drop_rate: float = key(*_FRACTION)
     attn_drop_rate: float = key(*_FRACTION)
+    norm_eps: float = key(_between(0, 1, lo_open=True, hi_open=True), " must be in (0, 1), e.g. 1e-6 (ViT) or 1e-5 (CLIP)")
+    rope_base: float = key(lambda v: _finite(v) and v > 0, " must be a finite number > 0 (10000: RoFormer)")
 
 
 # where each schema applies, in the order they are checked ("": the config's top level)
 SCHEMAS: dict[str, type] = {"": Top, "data": Data, "module.optimizer": Optimizer, "module.scheduler": Scheduler,
-                            "trainer": Trainer, "lr_scaling": LrScaling, "module": Module, "model": Model}
+                            "trainer": Trainer, "lr_scaling": LrScaling, "module": Module, "model": Model,
+                            "module.lora": Lora}
 
 # groups whose numbers are never meant to be NaN or infinite (a callback's threshold may be)
 FINITE_GROUPS = ("model", "data", "module", "trainer", "lr_scaling")

@@ -185,6 +185,9 @@ class NaFlexGraph(nn.Module):
         if isinstance(net.pos_embed, RoPE2D):
             raise ConfigError("format=onnx for a NaFlex checkpoint takes additive positions (learned, learned2d, "
                               "sincos1d/2d, none); pos_embed=rope2d rotates q/k per image grid: not exported")
+        if getattr(net, "rope", None) is not None:  # EVA-02's rotary phases beside the table: per grid, like rope2d
+            raise ConfigError("format=onnx for a NaFlex checkpoint takes additive positions only; model.rope=true "
+                              "rotates q/k per image grid: not exported (export format=timm, or train with rope=false)")
         self.net, P, L = net, net.num_prefix_tokens, max_seq_len
         offsets, tables, n = torch.zeros(L + 1, L + 1, dtype=torch.long), [], 0
         with torch.no_grad():

@@ -19,6 +19,7 @@ from vitpipe.data.preprocess import Preprocess, naflex_settings
 from vitpipe.errors import ConfigError
 from vitpipe.inference.labels import class_thresholds
 from vitpipe.inference.probs import calibration_temperature
+from vitpipe.inference.vit_options import set_tome_r
 from vitpipe.kinds import TaskKind, kind_of_checkpoint
 from vitpipe.run.stored import config_of
 
@@ -40,14 +41,17 @@ class Predictor:
 
 
 def load_predictor(ckpt_path, *, paths=None, task_name: str = "predict", device="cpu", tta: str = "none",
-                   threshold: float | None = None) -> Predictor:
+                   threshold: float | None = None, tome_r: int | None = None) -> Predictor:
     """Resolve ``ckpt_path`` (file | run dir | last), read it safely, rebuild the network and its eval
     transform (the NaFlex rule for NaFlex checkpoints) and find the calibration temperature: everything
     ``predict`` does before the first image. ConfigError (one line) for a checkpoint or ``tta`` it cannot use.
 
     Multi-label checkpoints: ``thresholds`` per class are ``threshold`` when given, else those of a
     thresholds.json beside the checkpoint fitted on it (``scripts/eval.py split=val tune_thresholds=true``),
-    else the run's ``module.threshold``; tta and calibration.json do not apply (tta refused)."""
+    else the run's ``module.threshold``; tta and calibration.json do not apply (tta refused).
+
+    ``tome_r``: merge that many tokens per block (ToMe, ``vitpipe.inference.vit_options``); None keeps the run's own.
+    A calibration.json was fitted on the run as trained: it is not applied at another ``tome_r``."""
     from vitpipe.report.evaluation import unseen_flip_warning
     from vitpipe.run.checkpoint import rebuild
     from vitpipe.run.paths import needs_kinds, resolve_ckpt_path
@@ -66,6 +70,9 @@ def load_predictor(ckpt_path, *, paths=None, task_name: str = "predict", device=
         raise ConfigError(f"threshold={threshold} applies to multi-label checkpoints; this one is single-label: drop it")
     built = rebuild(checkpoint, path, paths=paths, task_name=task_name)
     net = built.net.to(device).eval()
+    own_tome_r = getattr(net, "tome_r", 0)
+    if tome_r is not None:
+        set_tome_r(net, tome_r)
     answers = kind is not None and (kind.generates or (kind.classifies and getattr(net, "num_classes", None)))
     if not answers:  # e.g. MAE pre-training: no classes to answer
         raise ConfigError(f"{path} holds a {type(net).__name__}, not a classifier or a captioner; {task_name} "
@@ -80,6 +87,10 @@ def load_predictor(ckpt_path, *, paths=None, task_name: str = "predict", device=
         raise ConfigError("data.naflex is set on a captioner checkpoint; NaFlex prediction supports classifiers")
     preprocess = Preprocess(built.datamodule, net.encoder if kind.generates else net, naflex=naflex)
     temperature = None if kind.generates or label_sets else calibration_temperature(path, checkpoint, tta=tta)
+    if temperature is not None and tome_r not in (None, own_tome_r):
+        print(f"vitpipe: note: calibration.json not applied: fitted at model_tome_r={own_tome_r}, predicting at "
+              f"{tome_r}", file=sys.stderr, flush=True)
+        temperature = None
     thresholds = class_thresholds(path, checkpoint, built, threshold) if label_sets else None
     return Predictor(path=path, checkpoint=checkpoint, built=built, net=net, kind=kind, preprocess=preprocess,
                      tta=tta, temperature=temperature, thresholds=thresholds)

@@ -25,9 +25,11 @@ from vitpipe.errors import ConfigError
 from vitpipe.kinds.registry import classifier_kind
 from vitpipe.lit.distill import check_distill, combine, load_teacher, teacher_input
 from vitpipe.lit.finetune import FineTuning, add_probe_bn, check_finetune
+from vitpipe.lit.footprint import Footprint
 from vitpipe.lit.nonfinite import NonFiniteGuard, NonFiniteLossError, check_policy
 from vitpipe.lit.optim import ConfiguredOptimizers, check_layer_decay
 from vitpipe.lit.reload import LoadsStoredRun
+from vitpipe.models.lora import add_lora, lora_settings
 
 __all__ = ["ImageClassifier", "NonFiniteLossError"]
 
@@ -57,9 +59,12 @@ class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Li
         layer_decay: layer-wise lr decay (BEiT/MAE fine-tuning): block i trains at lr *
             decay^(depth - i), the stem at decay^(depth + 1), final norm and head at lr
             (``vitpipe.lit.optim``); None: one lr for all.
-        finetune: ``full``, ``linear_probe`` (the head alone, encoder frozen) or ``head_then_full``
-            (the head alone for ``finetune_warmup_epochs`` epochs, then everything); see
-            ``vitpipe.lit.finetune``.
+        finetune: ``full``, ``linear_probe`` (the head alone, encoder frozen), ``head_then_full``
+            (the head alone for ``finetune_warmup_epochs`` epochs, then everything) or ``lora`` (low-rank
+            adapters and the head; ``net`` is adapted in place here); see ``vitpipe.lit.finetune``.
+        lora: ``finetune=lora``'s settings (``vitpipe.models.lora``): ``r`` (16), ``alpha`` (16: the
+            adapters scale by alpha / r), ``dropout`` (0), ``targets`` (the linear layers' names:
+            ``[qkv, fc1, fc2]``). Ignored by the other modes.
         distill: knowledge distillation from a frozen teacher (``vitpipe.lit.distill``): ``teacher``
             (null: off; a vitpipe checkpoint, a timm export folder, a timm name, a weights file with
             ``arch``), ``type`` soft | hard, ``alpha``, ``tau``. With ``model.dist_token`` the
@@ -80,7 +85,7 @@ class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Li
                  class_weights: str | list[float] | None = None, layer_decay: float | None = None,
                  finetune: str = "full", finetune_warmup_epochs: int = 0, distill: dict | None = None,
                  probe_bn: bool = False, task: str = "multiclass", loss: str | None = None,
-                 asl: dict | None = None, threshold: float = 0.5) -> None:
+                 asl: dict | None = None, threshold: float = 0.5, lora: dict | None = None) -> None:
         super().__init__()
         check_policy(nonfinite)
         self.distill = check_distill(distill)
@@ -100,6 +105,8 @@ class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Li
             raise ValueError(f"module.probe_bn={probe_bn!r}: expected true or false")
         if probe_bn:
             add_probe_bn(net)  # before the EMA copy below; a checkpoint's rebuild comes through here too
+        if finetune == "lora":  # also before the EMA copy; a rebuild adapts too, so the stored keys fit
+            add_lora(net, lora_settings(lora))
         self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"], logger=False)
         self.net = net
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
@@ -131,9 +138,13 @@ class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Li
         return self.ema.module if self.ema is not None else self.net
 
     def configure_callbacks(self):
-        if self.hparams.get("finetune", "full") == "full":
-            return []
-        return [FineTuning(self.hparams.finetune, self.hparams.finetune_warmup_epochs)]
+        mode = self.hparams.get("finetune", "full")
+        fitting = self._trainer is not None and self.trainer.state.fn == "fit"
+        # trainable parameters at fit start, peak memory at its end; fit only (a test after it would replace it)
+        footprint = [Footprint(mode)] if fitting else []
+        if mode in ("full", "lora"):  # lora froze all but the adapters and the head in __init__
+            return footprint
+        return [FineTuning(mode, self.hparams.finetune_warmup_epochs), *footprint]
 
     def configure_model(self) -> None:
         # here rather than in __init__: only a run compiles (a module built for inspection or

@@ -9,6 +9,11 @@
   no stochastic depth, BatchNorm in a conv stem uses its running statistics).
 - ``head_then_full``: the head alone for ``module.finetune_warmup_epochs`` epochs, then everything
   (Kumar et al. 2022, "Fine-Tuning can Distort Pretrained Features": LP-FT).
+- ``lora``: low-rank adapters (``module.lora``: r, alpha, dropout, targets) on the encoder's linear layers,
+  the head in full, everything else frozen from the module's construction on (Hu et al. 2021;
+  ``vitpipe.models.lora``, through Hugging Face peft). Needs ``model.pretrained`` (refused without: adapters
+  on a frozen random network learn next to nothing). Every command that reads the run back merges the
+  adapters into plain weights.
 
 ``module.probe_bn=true`` puts MAE's linear-probe BatchNorm (He et al. 2022, Appendix A.2: BatchNorm1d
 without affine, eps 1e-6, on the pooled features) in front of the head: ``ProbeHead``, an ``nn.Linear``
@@ -34,7 +39,7 @@ import lightning as L
 import torch
 from torch import nn
 
-FINETUNE_MODES = ("full", "linear_probe", "head_then_full")
+FINETUNE_MODES = ("full", "linear_probe", "head_then_full", "lora")
 
 
 def check_finetune(mode: str, warmup_epochs: int) -> None:

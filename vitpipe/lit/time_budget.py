@@ -12,8 +12,9 @@ cuts a cosine schedule short; here the schedule is *fitted* to the time instead 
 3. the learning-rate schedule runs over a *progress* in [0, 1] instead of a step count: the module's
    timm scheduler is built over ``RESOLUTION`` units and stepped with ``position(step)`` (warm-up
    and cosine, or a linear decay, keep their shapes over whatever number of steps fits);
-4. every twentieth of the plan (``REFITS``; at fixed steps, the same on every rank) the plan is fitted
-   again to the pace since the last fit and the validations timed so far. A new plan starts from the
+4. every twentieth of the plan (``REFITS``; at fixed steps, the same on every rank), and whenever a
+   twentieth of the budget has passed since the last fit (a pace that collapses stretches those steps),
+   the plan is fitted again to the pace since the last fit and the validations timed so far. A new plan starts from the
    progress already reached, so the learning rate is continuous: only its remaining slope changes;
 5. at the planned step the run stops (``trainer.should_stop``: Lightning validates, checkpoints, and the
    test follows) with the schedule at its end (progress 1: the scheduler's final learning rate).
@@ -35,6 +36,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
 from vitpipe.config.duration import format_duration
+from vitpipe.run.wallclock import exit_reserve, run_began, run_ended
 
 WARM_STEPS = 3  # optimizer steps of a process not timed (allocation, lazy init, compile)
 MEASURE_STEPS = 10  # optimizer steps timed for the first plan (a fixed count: every DDP rank plans at the same step)
@@ -44,14 +46,19 @@ FORWARD_SHARE = 1 / 3  # a forward pass's share of a training step's time: the g
 
 class RunClock:
     """Wall time of a run across processes: ``carried`` (what earlier processes spent, from the
-    checkpoint) plus the time since this process started the run."""
+    checkpoint) plus the time since this process began the run (``vitpipe.run.wallclock``: from the
+    process's start for a typed command, so Python and Hydra starting up count too)."""
 
     def __init__(self) -> None:
-        self.start = time.monotonic()
+        self.start = run_began()
         self.carried = 0.0
 
     def elapsed(self) -> float:
         return self.carried + time.monotonic() - self.start
+
+    def stop(self) -> None:
+        """The run is over: the next run of this process (a multirun's next job) counts from now."""
+        run_ended()
 
 
 class TrainingClock(L.Callback):
@@ -127,8 +134,8 @@ class TrainingClock(L.Callback):
             self.step_s = self._agree(trainer, taken / MEASURE_STEPS)
             self._last_fit = step
             self._plan(trainer, step, first=True)
-        elif (self.budget_s is not None and self.every and self._last_fit is not None
-              and step - self._last_fit >= self.every and not trainer.should_stop):
+        elif (self.budget_s is not None and self.every and self._last_fit is not None and not trainer.should_stop
+              and (step - self._last_fit >= self.every or self._time_due(trainer, step))):
             pace = (self._marks[step] - self._marks[self._last_fit]) / (step - self._last_fit)
             self.step_s = self._agree(trainer, pace)
             self._last_fit = step
@@ -143,6 +150,17 @@ class TrainingClock(L.Callback):
             _say(f"vitpipe: time budget: stopping at step {step} of {self.total}: only the final validation "
                  "and test still fit (the pace fell far behind the plan)")
             trainer.should_stop = True
+
+    def _time_due(self, trainer, step: int) -> bool:
+        """A refit due on time: a twentieth of the budget gone since the last fit. A pace that collapses (the
+        machine taken by other work) stretches the steps between fixed-step refits; this keeps refitting every
+        ``budget / REFITS`` seconds instead, so the schedule still reaches its end. Checked every
+        ``MEASURE_STEPS`` steps since the last fit, on rank 0's clock (one broadcast then)."""
+        since = step - self._last_fit
+        if since < MEASURE_STEPS or since % MEASURE_STEPS:
+            return False
+        late = self._marks[step] - self._marks[self._last_fit] >= self.budget_s / REFITS
+        return bool(self._agree_int(trainer, int(late)))
 
     def _out_of_time(self, trainer) -> bool:
         ending = self._val_estimate(trainer) + self._test_estimate(trainer) + self._finish_reserve() / 2
@@ -198,8 +216,9 @@ class TrainingClock(L.Callback):
             trainer.should_stop = True
 
     def _finish_reserve(self) -> float:
-        """Seconds kept for the run's last files (checkpoint load, report, metrics): 1% of the budget + 0.5 s."""
-        return 0.01 * self.budget_s + 0.5
+        """Seconds kept for the run's last files (checkpoint load, report, metrics): 1% of the budget + 0.5 s, and
+        for a typed command its interpreter's exit (``vitpipe.run.wallclock.exit_reserve``)."""
+        return 0.01 * self.budget_s + 0.5 + exit_reserve()
 
     def _val_estimate(self, trainer) -> float:
         if not _validates(trainer):

@@ -12,6 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from vitpipe.errors import ConfigError
+from vitpipe.models.timm_eva import from_timm_eva
+from vitpipe.models.timm_parts import act_name, attn_pool_kwargs, load_converted, norm_settings, zoo_parts
 from vitpipe.models.timm_relpos import TIMM_RELPOS_CLASSES, from_timm_relpos, timm_relpos_arch, to_timm_relpos
 from vitpipe.models.vit import ViT
 from vitpipe.nn.patch_embed import PatchEmbed
@@ -23,58 +25,101 @@ from vitpipe.nn.pos_embed import (
     SinCosPosEmbed,
 )
 
+# timm classes from_timm does not convert, and why (the refusal's sentence)
+UNCONVERTED_CLASSES = {
+    "VisionTransformerSAM": "SAM's image encoder: windowed attention with decomposed relative positions and a conv neck",
+}
+CONVERTED_CLASSES = ("VisionTransformer", "VisionTransformerDistilled", "Eva", "NaFlexVit", *TIMM_RELPOS_CLASSES)
+
 
 def vit_kwargs_from_timm(tm: nn.Module) -> dict:
-    """ViT constructor kwargs equivalent to a timm ``VisionTransformer``; ValueError for features
-    vitpipe does not have (attention pooling, pre-norm, ...)."""
-    eps = sorted({m.eps for m in tm.modules() if isinstance(m, nn.LayerNorm)} - {1e-6})  # vitpipe's norms: 1e-6
-    unsupported = [
-        name for name, on in [
-            (f"LayerNorm eps {', '.join(map(str, eps))} (vitpipe's is 1e-6)", bool(eps)),
-            ("global_pool=" + repr(tm.global_pool), tm.global_pool not in ("token", "avg")),
-            ("pre_norm", not isinstance(tm.norm_pre, nn.Identity)),
-            ("final_norm=False", tm.global_pool == "token" and isinstance(tm.norm, nn.Identity)),
-            ("fc_norm", tm.global_pool == "token" and not isinstance(tm.fc_norm, nn.Identity)),
-            ("proj_bias=False", tm.blocks[0].attn.proj.bias is None),
-        ] if on
+    """ViT constructor kwargs equivalent to a timm ``VisionTransformer`` (or ``VisionTransformerDistilled``);
+    ValueError, one line, naming every feature vitpipe does not have (a CNN stem, parallel blocks, ...)."""
+    blk, dim = tm.blocks[0], tm.embed_dim
+    blocks = sorted({type(b).__name__ for b in tm.blocks})
+    if blocks not in (["Block"], ["ResPostBlock"]):
+        raise ValueError(f"timm model uses block type {'/'.join(blocks)}, which vitpipe's ViT does not have (it has "
+                         "timm's pre-norm Block and ResPostBlock)")
+    attn, mlp, embed = blk.attn, blk.mlp, tm.patch_embed
+    eps, norm_parts = norm_settings(tm)
+    act = act_name(getattr(mlp, "act", None)) if type(mlp).__name__ == "Mlp" else None
+    checks = [
+        (type(embed).__name__ != "PatchEmbed", f"patch embedding {type(embed).__name__} (a CNN or hybrid stem)"),
+        (not isinstance(getattr(embed, "norm", nn.Identity()), nn.Identity), "a norm in the patch embedding"),
+        (type(attn).__name__ != "Attention", f"attention module {type(attn).__name__}"),
+        (getattr(attn, "head_dim", dim // blk.attn.num_heads) * attn.num_heads != dim, "attention width other than dim"),
+        (type(mlp).__name__ != "Mlp", f"MLP {type(mlp).__name__}"),
+        (type(mlp).__name__ == "Mlp" and act is None, f"MLP activation {type(getattr(mlp, 'act', None)).__name__}"),
+        (attn.proj.bias is None or getattr(getattr(mlp, "fc1", None), "bias", 0) is None, "proj_bias=False"),
+        (tm.global_pool not in ("token", "avg", "map"), f"global_pool={tm.global_pool!r}"),
+        (tm.pool_include_prefix and tm.global_pool == "token", "pool_include_prefix with token pooling"),
+        (tm.num_classes > 0 and tm.head.bias is None, "a head without bias"),
     ]
+    unsupported = [what for bad, what in checks if bad] + norm_parts
+    pool_kw = attn_pool_kwargs(tm.attn_pool, dim, unsupported) if tm.global_pool == "map" and not unsupported else {}
+    if pool_kw and act_name(tm.attn_pool.mlp.act) != act:
+        unsupported.append("attention pooling with another MLP activation than the blocks'")
     if unsupported:
         raise ValueError(f"timm model uses features vitpipe's ViT does not have: {', '.join(unsupported)}")
-    blk = tm.blocks[0]
-    dim = tm.embed_dim
+    post = blocks == ["ResPostBlock"]
     return {
-        "img_size": tuple(tm.patch_embed.img_size),
-        "patch_size": tuple(tm.patch_embed.patch_size),
-        "in_chans": tm.patch_embed.proj.in_channels,
+        "img_size": tuple(embed.img_size),
+        "patch_size": tuple(embed.patch_size),
+        "in_chans": embed.proj.in_channels,
         "num_classes": tm.num_classes,
         "dim": dim,
         "depth": len(tm.blocks),
-        "num_heads": blk.attn.num_heads,
-        "mlp_ratio": blk.mlp.fc1.out_features / dim,
-        "qkv_bias": blk.attn.qkv.bias is not None,
-        "qk_norm": not isinstance(blk.attn.q_norm, nn.Identity),
+        "num_heads": attn.num_heads,
+        "mlp_ratio": mlp.fc1.out_features / dim,
+        "qkv_bias": attn.qkv.bias is not None,
+        "qk_norm": not isinstance(attn.q_norm, nn.Identity),
         "pos_embed": "none" if tm.pos_embed is None else "learned",
         "class_token": tm.cls_token is not None,
+        "dist_token": getattr(tm, "dist_token", None) is not None,  # VisionTransformerDistilled (DeiT)
         "reg_tokens": tm.num_reg_tokens,
-        "pool": "cls" if tm.global_pool == "token" else "mean",
+        "pool": {"token": "cls", "avg": "mean", "map": "map"}[tm.global_pool],
+        "pool_include_prefix": bool(tm.pool_include_prefix), **pool_kw,
+        # timm decides where its final norm goes by its own fc_norm rule: read where it went
+        "fc_norm": not isinstance(tm.fc_norm, nn.Identity),
+        "final_norm": not (isinstance(tm.norm, nn.Identity) and isinstance(tm.fc_norm, nn.Identity)),
+        "pre_norm": not isinstance(tm.norm_pre, nn.Identity),
+        "norm_eps": eps,
+        "mlp_act": act,
+        "mlp_norm": not isinstance(getattr(mlp, "norm", nn.Identity()), nn.Identity),  # timm's scale_mlp_norm
+        "attn_norm": not isinstance(getattr(attn, "norm", nn.Identity()), nn.Identity),  # scale_attn_norm
+        "res_post_norm": post,
         # a LayerScale has a gamma (timm <= 1.0.20 has its own class in vision_transformer.py, not timm.layers')
-        "init_values": 1.0 if hasattr(blk.ls1, "gamma") else None,  # the value itself is loaded
+        "init_values": 1.0 if not post and hasattr(blk.ls1, "gamma") else None,  # the value itself is loaded
         "patch_drop_rate": float(getattr(tm.patch_drop, "prob", 0.0)),  # PatchDropout, or an Identity when off
     }
 
 
+def _refuse_class(tm: nn.Module) -> None:
+    """ValueError (one line) for a timm class ``from_timm`` does not convert."""
+    name = type(tm).__name__
+    if name not in CONVERTED_CLASSES:
+        why = UNCONVERTED_CLASSES.get(name, "a model family vitpipe's ViT does not express")
+        raise ValueError(f"timm {name} ({why}) has no vitpipe equivalent; from_timm converts "
+                         f"{', '.join(CONVERTED_CLASSES)}")
+
+
 def from_timm(tm: nn.Module) -> ViT:
-    """A vitpipe ViT with the architecture and weights of a timm ``VisionTransformer``, ``NaFlexVit``,
-    ``VisionTransformerRelPos`` or ``Beit`` (``vitpipe.models.timm_relpos``)."""
+    """A vitpipe ViT with the architecture and weights of a timm ``VisionTransformer``,
+    ``VisionTransformerDistilled``, ``Eva`` (``vitpipe.models.timm_eva``), ``NaFlexVit``,
+    ``VisionTransformerRelPos`` or ``Beit`` (``vitpipe.models.timm_relpos``); for anything else a
+    one-line ValueError naming what it lacks
+    (``python -m vitpipe.models.timm_zoo`` scans timm's entry points)."""
+    _refuse_class(tm)
     if type(tm).__name__ == "NaFlexVit":
         return from_timm_naflex(tm)
     if type(tm).__name__ in TIMM_RELPOS_CLASSES:
         return from_timm_relpos(tm)
+    if type(tm).__name__ == "Eva":
+        return from_timm_eva(tm)
     model = ViT(**vit_kwargs_from_timm(tm))
     sd = timm_to_vitpipe(tm.state_dict(), num_prefix_tokens=0 if tm.no_embed_class else tm.num_prefix_tokens,
                          model=model)
-    model.load_state_dict(sd)
-    return model.train(tm.training)
+    return load_converted(model, sd, tm)
 
 
 def vit_kwargs_from_timm_naflex(tm: nn.Module) -> dict:
@@ -85,25 +130,23 @@ def vit_kwargs_from_timm_naflex(tm: nn.Module) -> dict:
 
     e, blk = tm.embeds, tm.blocks[0]
     learned = e.pos_embed_type in ("learned", "factorized")
-    eps = sorted({m.eps for m in tm.modules() if isinstance(m, nn.LayerNorm)} - {1e-6})
-    acts = {type(m).__name__ if not isinstance(m, nn.GELU) else f"GELU({m.approximate})"
-            for b in tm.blocks for m in b.mlp.modules() if not isinstance(m, (nn.Linear, nn.Identity, nn.Dropout))}
-    acts = {a for a in acts if a not in ("Mlp", "GELU(none)")}
-    unsupported = [
+    eps, norms = norm_settings(tm)
+    mlp_types = sorted({type(b.mlp).__name__ for b in tm.blocks})
+    acts = {act_name(getattr(b.mlp, "act", None)) for b in tm.blocks}
+    unsupported = norms + [
         name for name, on in [
-            (f"LayerNorm eps {', '.join(map(str, eps))} (vitpipe's is 1e-6)", bool(eps)),
-            (f"block type {type(blk).__name__} (rope/EVA/SwiGLU blocks)", type(blk) is not Block),
-            (f"MLP activation {', '.join(sorted(acts))} (vitpipe's is exact GELU)", bool(acts)),
+            (f"block type {type(blk).__name__} (rope/EVA/SwiGLU blocks)", any(type(b) is not Block for b in tm.blocks)),
+            (f"MLP {'/'.join(mlp_types)}", mlp_types != ["Mlp"]),
+            (f"MLP activation {type(getattr(blk.mlp, 'act', None)).__name__}",
+             mlp_types == ["Mlp"] and (None in acts or len(acts) > 1)),
+            ("a norm inside attention or the MLP", any(not isinstance(getattr(m, "norm", nn.Identity()), nn.Identity)
+                                                       for b in tm.blocks for m in (b.attn, b.mlp))),
             ("rope", tm.rope is not None),
-            ("global_pool=" + repr(tm.global_pool), tm.global_pool not in ("token", "avg")),
+            ("global_pool=" + repr(tm.global_pool), tm.global_pool not in ("token", "avg", "map")),
             ("pool_include_prefix=True", tm.pool_include_prefix),
-            ("pre_norm", not isinstance(tm.norm_pre, nn.Identity)),
-            ("final_norm=False", isinstance(tm.norm, nn.Identity) and isinstance(tm.fc_norm, nn.Identity)),
-            ("fc_norm with token pooling", tm.global_pool == "token" and not isinstance(tm.fc_norm, nn.Identity)),
-            ("avg pooling without fc_norm", tm.global_pool == "avg" and isinstance(tm.fc_norm, nn.Identity)),
             ("an embedding norm (embed_norm_layer / input_norm_layer)",
              not isinstance(e.norm, nn.Identity) or e.norm_input is not None),
-            ("proj_bias=False", blk.attn.proj.bias is None or e.proj.bias is None),
+            ("proj_bias=False", blk.attn.proj.bias is None),
             ("patchify_channels_last=False", not e.channels_last),
             ("pos_embed_use_grid_sample=True", learned and e.pos_embed_use_grid_sample),
             (f"pos_embed_interp_mode={e.pos_embed_interp_mode!r}",
@@ -114,8 +157,13 @@ def vit_kwargs_from_timm_naflex(tm: nn.Module) -> dict:
     ]
     if unsupported:
         raise ValueError(f"timm NaFlexVit uses settings vitpipe's ViT does not have: {', '.join(unsupported)}; "
-                         "vitpipe converts learned/factorized positions with avg or token pooling (e.g. "
+                         "vitpipe converts learned/factorized positions with avg, token or map pooling (e.g. "
                          "naflexvit_base_patch16_gap, naflexvit_base_patch16_par_gap, naflexvit_base_patch16_parfac_gap)")
+    parts: list[str] = []
+    pool_kw = attn_pool_kwargs(tm.attn_pool, tm.embed_dim, parts) if tm.global_pool == "map" else {}
+    if parts or (pool_kw and act_name(tm.attn_pool.mlp.act) not in acts):
+        raise ValueError(f"timm NaFlexVit uses settings vitpipe's ViT does not have: "
+                         f"{', '.join(parts) or 'attention pooling with another MLP activation'}")
     dim, patch = tm.embed_dim, tuple(e.patch_size)
     grid = tuple(e.pos_embed_grid_size or (1, 1))  # no learned table: any grid, the tensor path needs one
     return {
@@ -125,15 +173,19 @@ def vit_kwargs_from_timm_naflex(tm: nn.Module) -> dict:
         "qk_norm": not isinstance(blk.attn.q_norm, nn.Identity),
         "pos_embed": {"learned": "learned", "factorized": "learned2d"}.get(e.pos_embed_type, "none"),
         "class_token": tm.has_class_token, "reg_tokens": tm.num_reg_tokens,
-        "pool": "cls" if tm.global_pool == "token" else "mean",
+        "pool": {"token": "cls", "avg": "mean", "map": "map"}[tm.global_pool], **pool_kw,
+        "fc_norm": not isinstance(tm.fc_norm, nn.Identity),
+        "final_norm": not (isinstance(tm.norm, nn.Identity) and isinstance(tm.fc_norm, nn.Identity)),
+        "pre_norm": not isinstance(tm.norm_pre, nn.Identity), "norm_eps": eps, "mlp_act": acts.pop(),
         "init_values": 1.0 if hasattr(blk.ls1, "gamma") else None,  # the scales themselves are loaded
+        "pos_embed_naflex_rule": learned,  # image tensors: timm's patch-dict resampling, as timm runs them
     }
 
 
 def from_timm_naflex(tm: nn.Module) -> ViT:
     """A vitpipe ViT with the architecture and weights of a timm ``NaFlexVit``: the same logits for the
-    same patch dict. (On a plain image tensor at a grid other than the built one vitpipe resamples
-    positions its own way, not aspect-preserving, so there the two may differ.)"""
+    same patch dict, and on the same image tensor at any grid (``pos_embed_naflex_rule``: a tensor's
+    positions are resampled as timm resamples the patch dict of its whole grid)."""
     model = ViT(**vit_kwargs_from_timm_naflex(tm))
     if hasattr(model.pos_embed, "ar_preserving"):  # timm's gap (False) or par/parfac (True) resampling rule
         model.pos_embed.ar_preserving = bool(tm.embeds.pos_embed_ar_preserving)
@@ -151,8 +203,7 @@ def from_timm_naflex(tm: nn.Module) -> ViT:
             sd[("patch_embed." if k.startswith("embeds.proj.") else "") + k[len("embeds."):]] = v
         else:
             sd[k] = v
-    model.load_state_dict(sd)
-    return model.train(tm.training)
+    return load_converted(model, sd, tm)
 
 
 def timm_to_vitpipe(sd: dict[str, Tensor], *, num_prefix_tokens: int, model: ViT) -> dict[str, Tensor]:
@@ -185,6 +236,10 @@ def timm_kwargs(model: ViT) -> dict:
         (isinstance(getattr(model, "pos_embed", None), RoPE2D), "rope2d positions (rotary q/k)"),
         (isinstance(getattr(model, "pos_embed", None), Learned2DPosEmbed),
          "learned2d positions (a row table plus a column table)")])
+    parts += zoo_parts(model, can=("pre_norm", "final_norm", "mlp_act", "map", "fc_norm", "pool_include_prefix",
+                                   "mlp_norm", "attn_norm"))
+    if isinstance(model, ViT) and model.pre_norm and model.patch_embed.proj.bias.any():
+        parts.append("pre_norm with a patch embedding bias (timm drops that bias with pre_norm)")
     if parts:
         raise ConfigError(f"timm's VisionTransformer cannot express {', '.join(parts)}; export with format=onnx")
     blk = model.blocks[0]
@@ -197,7 +252,13 @@ def timm_kwargs(model: ViT) -> dict:
         "qk_norm": not isinstance(blk.attn.q_norm, nn.Identity),  # timm's LayerNorm, eps 1e-6 as vitpipe's
         "init_values": 1.0 if hasattr(blk.ls1, "gamma") else None,  # the scales themselves are loaded
         "class_token": model.class_token, "reg_tokens": model.num_prefix_tokens - int(model.class_token),
-        "global_pool": "token" if model.pool == "cls" else "avg",
+        "global_pool": {"cls": "token", "mean": "avg", "map": "map"}[model.pool],
+        "pool_include_prefix": model.pool_include_prefix,
+        "fc_norm": not isinstance(model.fc_norm, nn.Identity),
+        "final_norm": not (isinstance(model.norm, nn.Identity) and isinstance(model.fc_norm, nn.Identity)),
+        "pre_norm": model.pre_norm, "act_layer": model.mlp_act,
+        "scale_mlp_norm": isinstance(getattr(blk.mlp, "norm", None), nn.LayerNorm),
+        "scale_attn_norm": isinstance(blk.attn.norm, nn.LayerNorm),
         "pos_embed": "none" if isinstance(model.pos_embed, NoPosEmbed) else "learn", "no_embed_class": fixed,
         "patch_drop_rate": getattr(model, "patch_drop_rate", 0.0),  # timm has no ToMe: tome_r is vitpipe's only
     }
@@ -230,6 +291,8 @@ def to_timm(model: ViT, arch: str = "vit_base_patch16_224") -> nn.Module:
         return to_timm_relpos(model, arch if arch.startswith(("vit_relpos", "beit")) else None)
     tm = timm.create_model(arch, pretrained=False, **timm_kwargs(model))
     sd = vitpipe_to_timm(model.state_dict())
+    if tm.patch_embed.proj.bias is None:  # pre_norm: timm has no bias there (checked zero by timm_kwargs)
+        sd.pop("patch_embed.proj.bias")
     if isinstance(model.pos_embed, SinCosPosEmbed):
         sd["pos_embed"] = model.pos_embed.table.detach().clone()  # (1, h*w, dim): the table it is
     tm.load_state_dict(sd)
@@ -252,6 +315,7 @@ def naflex_timm_kwargs(model: ViT) -> dict:
     parts = _unmapped_parts(model, [
         (isinstance(model, ViT) and _pos_kind(model) is None,
          f"pos_embed={type(getattr(model, 'pos_embed', None)).__name__} (NaFlexVit takes learned, learned2d or none)")])
+    parts += zoo_parts(model)
     if parts:
         raise ConfigError(f"timm's NaFlexVit cannot express {', '.join(parts)}; export with format=onnx")
     blk, kind = model.blocks[0], _pos_kind(model)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from vitpipe.errors import ConfigError
+from vitpipe.models.timm_parts import zoo_parts
 from vitpipe.models.vit import ViT
 from vitpipe.nn.pos_embed import LearnedPosEmbed, NoPosEmbed
 from vitpipe.nn.rel_pos import RelPosMlp
@@ -121,6 +122,7 @@ def timm_relpos_target(model: ViT) -> str:
         parts.append("the conv stem (stem=conv)")
     if model.attn_window is not None:
         parts.append("local attention (attn_window)")
+    parts += zoo_parts(model, can=("fc_norm",))
     beit = model.rel_pos_kind == "bias" and model.class_token and not blk.res_post_norm \
         and isinstance(blk.attn.q_norm, nn.Identity) and isinstance(model.pos_embed, (NoPosEmbed, LearnedPosEmbed))
     if not beit and not isinstance(model.pos_embed, NoPosEmbed):

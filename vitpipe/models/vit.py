@@ -27,20 +27,22 @@ window are refused, as are NaFlex patch dicts.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
-from timm.layers import PatchDropout
+import torch.nn.functional as F
+from timm.layers import AttentionPoolLatent, PatchDropout
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from vitpipe.nn.blocks import EncoderBlock
+from vitpipe.nn.blocks import EncoderBlock, mlp_act_layer
 from vitpipe.nn.naflex import check_batch, grid_sizes
 from vitpipe.nn.patch_embed import STEMS, to_2tuple
 from vitpipe.nn.pos_embed import RoPE2D, build_pos_embed
 from vitpipe.nn.rel_pos import REL_POS_KINDS, build_rel_pos
 from vitpipe.nn.tome import TokenMerger, max_merge
 
-POOLS = ("cls", "mean")
+POOLS = ("cls", "mean", "map")
 
 
 class ViT(nn.Module):
@@ -55,9 +57,24 @@ class ViT(nn.Module):
     ``stem="conv"`` replaces the patchify conv with a small conv stem (Xiao et al. 2021).
     ``flexi_patch_sizes`` trains at random patch sizes (FlexiViT, module docstring); ``set_patch_size``
     picks the eval-time one. ``pos_embed_ar_preserving``: how learned tables are resampled for a patch
-    dict's grids (``vitpipe.nn.pos_embed``; timm NaFlexVit's ``pos_embed_ar_preserving``).
+    dict's grids (``vitpipe.nn.pos_embed``; timm NaFlexVit's ``pos_embed_ar_preserving``);
+    ``pos_embed_naflex_rule`` resamples them by that rule for image tensors too (timm NaFlexVit runs a
+    tensor as the patch dict of its whole grid; ``from_timm`` sets it for a converted NaFlexVit).
     ``patch_drop_rate`` drops that fraction of the patch tokens in training (PatchDropout); ``tome_r`` merges
     that many tokens per block in eval mode (ToMe; ``set_tome_r`` changes it). See the module docstring.
+
+    Options met in timm's zoo (``timm_compat.from_timm``; defaults are the plain ViT): ``norm_eps`` of every
+    LayerNorm (CLIP, DINOv3: 1e-5); ``pre_norm`` a LayerNorm on the embedded tokens before the blocks (CLIP's
+    ``ln_pre``, timm's ``norm_pre``); ``final_norm=False`` no norm after the blocks; ``mlp_act`` the MLP
+    activation (``gelu``, ``gelu_tanh``: SigLIP, ``quick_gelu``: OpenAI CLIP); ``pool="map"`` multihead
+    attention pooling of the patch tokens by one learned query (SigLIP; timm's ``AttentionPoolLatent``,
+    Zhai et al. 2022 / Lee et al. 2019's PMA); ``pool_include_prefix`` pools (mean or map) over the prefix
+    tokens too (timm's Eva, Perception Encoder); ``pool_num_heads`` / ``pool_mlp_ratio`` size that pooling
+    (default: the blocks' heads and MLP ratio); ``mlp="swiglu"`` a SwiGLU MLP (EVA-02, DINOv3 ViT-S+),
+    ``mlp_norm`` a LayerNorm on the MLP's hidden units (EVA-02), ``attn_norm`` one on the attention's output
+    before its projection (EVA-02 CLIP, BEiT-3; NormFormer's sub-LN). ``rope=True`` adds 2D rotary positions on
+    q/k to ``pos_embed`` (EVA-02: learned + rope; ``pos_embed='rope2d'`` is rope alone); ``rope_base``,
+    ``rope_coords``, ``rope_ref_grid`` and ``rope_offset`` choose its frequencies and coordinates (``vitpipe.nn.rope``).
     """
 
     def __init__(
@@ -86,6 +103,7 @@ class ViT(nn.Module):
         grad_checkpointing: bool = False,
         flexi_patch_sizes: list[int] | None = None,
         pos_embed_ar_preserving: bool = True,
+        pos_embed_naflex_rule: bool = False,
         rel_pos: str = "none",
         rel_pos_shared: bool = False,
         rel_pos_dim: int | None = None,
@@ -96,6 +114,21 @@ class ViT(nn.Module):
         attn_backend: str = "auto",
         patch_drop_rate: float = 0.0,
         tome_r: int = 0,
+        norm_eps: float = 1e-6,
+        pre_norm: bool = False,
+        final_norm: bool = True,
+        mlp_act: str = "gelu",
+        mlp: str = "mlp",
+        mlp_norm: bool = False,
+        attn_norm: bool = False,
+        pool_include_prefix: bool = False,
+        pool_num_heads: int | None = None,
+        pool_mlp_ratio: float | None = None,
+        rope: bool = False,
+        rope_base: float = 10000.0,
+        rope_coords: str = "index",
+        rope_ref_grid: tuple[int, int] | None = None,
+        rope_offset: float = 0.0,
     ) -> None:
         super().__init__()
         # pos_embed and num_heads are checked where they are used: build_pos_embed, MultiHeadAttention
@@ -105,6 +138,9 @@ class ViT(nn.Module):
             raise ValueError(f"unknown pool={pool!r}; valid choices: {', '.join(POOLS)}")
         if pool == "cls" and not class_token:
             raise ValueError("pool='cls' needs class_token=True; use pool='mean' for a model without a class token")
+        mlp_act_layer(mlp_act)  # ValueError naming the choices
+        if not isinstance(norm_eps, (int, float)) or isinstance(norm_eps, bool) or not 0 < norm_eps < 1:
+            raise ValueError(f"norm_eps={norm_eps!r}; use a small positive float (1e-6: ViT, timm; 1e-5: CLIP)")
         if dist_token and pool != "cls":
             raise ValueError("dist_token=True reads its head from a token, as the class head does: it needs pool='cls'")
         if rel_pos not in REL_POS_KINDS:
@@ -125,13 +161,24 @@ class ViT(nn.Module):
         # DeiT's distillation token (Touvron et al. 2021): right after the class token, its own head
         self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if dist_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, dim)) if reg_tokens else None
+        rope_kw = {"base": rope_base, "coords": rope_coords,
+                   "ref_grid": None if rope_ref_grid is None else tuple(to_2tuple(rope_ref_grid)), "offset": rope_offset}
         self.pos_embed = build_pos_embed(pos_embed, dim=dim, grid_size=self.grid_size, num_heads=num_heads,
-                                         num_prefix_tokens=self.num_prefix_tokens)
+                                         num_prefix_tokens=self.num_prefix_tokens, rope=rope_kw)
+        if rope and isinstance(self.pos_embed, RoPE2D):
+            raise ValueError("rope=True adds rotary positions to an absolute pos_embed; pos_embed='rope2d' has them "
+                             "already (use rope=false, or pos_embed=learned with rope=true as EVA-02)")
+        # rotary positions besides an absolute table (EVA-02); with pos_embed='rope2d' the table is the rope
+        self.rope = RoPE2D(dim // num_heads, self.num_prefix_tokens, **rope_kw) if rope else None
         if not isinstance(pos_embed_ar_preserving, bool):
             raise TypeError(f"pos_embed_ar_preserving={pos_embed_ar_preserving!r}; use true or false")
         if hasattr(self.pos_embed, "ar_preserving"):  # the learned tables' patch-dict resampling rule
             self.pos_embed.ar_preserving = pos_embed_ar_preserving
+            self.pos_embed.naflex_rule = bool(pos_embed_naflex_rule)
         self.pos_drop = nn.Dropout(drop_rate)
+        self.norm_pre = nn.LayerNorm(dim, eps=norm_eps) if pre_norm else nn.Identity()  # CLIP's ln_pre
+        self.norm_eps, self.pre_norm, self.final_norm, self.mlp_act = norm_eps, pre_norm, final_norm, mlp_act
+        self.pool_include_prefix = pool_include_prefix
         self.rel_pos_kind, self.attn_window = rel_pos, attn_window  # read by the token-count checks below
         if isinstance(patch_drop_rate, bool) or not isinstance(patch_drop_rate, (int, float)) \
                 or not 0 <= patch_drop_rate < 1:
@@ -149,7 +196,8 @@ class ViT(nn.Module):
         self.blocks = nn.ModuleList(
             EncoderBlock(dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, qk_norm=qk_norm,
                          proj_drop=drop_rate, attn_drop=attn_drop_rate, drop_path=r, init_values=init_values,
-                         res_post_norm=res_post_norm)
+                         res_post_norm=res_post_norm, norm_eps=norm_eps, mlp_act=mlp_act, mlp=mlp, mlp_norm=mlp_norm,
+                         attn_norm=attn_norm)
             for r in rates
         )
         # relative position bias (vitpipe.nn.rel_pos): one module shared by every block, or one per block
@@ -169,8 +217,13 @@ class ViT(nn.Module):
             self.attn_pattern((1, 1), torch.device("cpu"), explicit=True)  # bad values: ValueError now
         # fc_norm (timm's name): the final norm after pooling instead of before; default by pool
         fc_norm = pool == "mean" if fc_norm is None else fc_norm
-        self.norm = nn.Identity() if fc_norm else nn.LayerNorm(dim, eps=1e-6)
-        self.fc_norm = nn.LayerNorm(dim, eps=1e-6) if fc_norm else nn.Identity()
+        self.norm = nn.Identity() if fc_norm or not final_norm else nn.LayerNorm(dim, eps=norm_eps)
+        self.fc_norm = nn.LayerNorm(dim, eps=norm_eps) if fc_norm and final_norm else nn.Identity()
+        # attention pooling (timm's module and parameter names, built as timm's VisionTransformer builds it)
+        self.attn_pool = AttentionPoolLatent(dim, num_heads=pool_num_heads or num_heads,
+                                             mlp_ratio=pool_mlp_ratio or mlp_ratio,
+                                             norm_layer=partial(nn.LayerNorm, eps=norm_eps),
+                                             act_layer=mlp_act_layer(mlp_act)) if pool == "map" else None
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
         self.head_dist = (nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()) if dist_token else None
@@ -237,6 +290,7 @@ class ViT(nn.Module):
         if not value:
             return
         what = [w for w, on in [("pos_embed='rope2d'", isinstance(self.pos_embed, RoPE2D)),
+                                ("rope=True", getattr(self, "rope", None) is not None),
                                 (f"rel_pos={self.rel_pos_kind!r}", self.rel_pos_kind != "none"),
                                 (f"attn_window={self.attn_window}", self.attn_window is not None)] if on]
         if what:
@@ -320,7 +374,7 @@ class ViT(nn.Module):
         here it goes with the head, as in BEiT's ``get_num_layer_for_vit`` and MAE's ``lrd.py``.
         ``coarse`` is accepted for timm's signature; the grouping is the same.
         """
-        return {"stem": r"^cls_token|^dist_token|^reg_token|^pos_embed|^patch_embed|^rel_pos",
+        return {"stem": r"^cls_token|^dist_token|^reg_token|^pos_embed|^patch_embed|^rel_pos|^norm_pre",
                 "blocks": [(r"^blocks\.(\d+)", None)]}
 
     def get_classifier(self) -> nn.Module:
@@ -328,13 +382,18 @@ class ViT(nn.Module):
         With a distillation token both heads (timm's VisionTransformerDistilled returns the pair)."""
         return self.head if self.head_dist is None else nn.ModuleList([self.head, self.head_dist])
 
+    @property
+    def rope_embed(self) -> RoPE2D | None:
+        """The rotary positions the blocks apply: ``pos_embed='rope2d'`` or ``rope=True``; None without."""
+        return self.pos_embed if isinstance(self.pos_embed, RoPE2D) else self.rope
+
     def _embed(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         x, grid = self.patch_embed(x, self._draw_patch_size())  # (B, h*w, dim): grid of this patch size
         tokens = (self.cls_token, self.dist_token, self.reg_token)
         prefix = [t.expand(x.shape[0], -1, -1) for t in tokens if t is not None]
         x = torch.cat([*prefix, x], dim=1)  # (B, P + h*w, dim)
         x = self.patch_drop(self.pos_drop(self.pos_embed(x, grid)))  # training: (B, P + kept, dim)
-        return x, grid
+        return self.norm_pre(x), grid
 
     def _embed_naflex(self, batch: dict) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
         """Patch dict -> tokens (B, P + N, dim), key padding mask (B, P + N) (True = padding), rope phases."""
@@ -344,9 +403,9 @@ class ViT(nn.Module):
         tokens = (self.cls_token, self.dist_token, self.reg_token)
         prefix = [t.expand(x.shape[0], -1, -1) for t in tokens if t is not None]
         x = torch.cat([*prefix, x], dim=1)  # (B, P + N, dim)
-        x = self.pos_drop(self.pos_embed.forward_naflex(x, coord, sizes))
+        x = self.norm_pre(self.pos_drop(self.pos_embed.forward_naflex(x, coord, sizes)))
         padding = torch.cat([valid.new_zeros(x.shape[0], self.num_prefix_tokens), ~valid], dim=1)  # (B, P + N)
-        rope = self.pos_embed.phases_naflex(coord, sizes) if isinstance(self.pos_embed, RoPE2D) else None
+        rope = self.rope_embed.phases_naflex(coord, sizes) if self.rope_embed is not None else None
         return x, padding, rope
 
     @property
@@ -393,7 +452,7 @@ class ViT(nn.Module):
         else:
             x, grid = self._embed(x)
             padding = None
-            rope = self.pos_embed.phases(grid, device=x.device) if isinstance(self.pos_embed, RoPE2D) else None
+            rope = self.rope_embed.phases(grid, device=x.device) if self.rope_embed is not None else None
             biases = self.attn_biases(grid)
             pattern = self.attn_pattern(grid, x.device, explicit=return_attn or return_logits)
         attentions = []
@@ -420,11 +479,25 @@ class ViT(nn.Module):
         ``token_sizes`` (B, N) weights it by the patches each token holds (ToMe's merged tokens)."""
         if self.pool == "cls":
             x = x[:, 0]  # (B, dim)
+        elif self.pool == "map":
+            if token_sizes is not None:
+                raise ValueError("pool='map' with tome_r: attention pooling has no size weighting for merged tokens; "
+                                 "set_tome_r(0)")
+            bias = None if patch_valid is None else \
+                torch.zeros_like(patch_valid, dtype=x.dtype).masked_fill(~patch_valid, float("-inf"))[:, None, None]
+            if self.pool_include_prefix:  # the prefix tokens are keys too (timm's Eva); they are never padding
+                bias = None if bias is None else F.pad(bias, (self.num_prefix_tokens, 0))
+                x = self.attn_pool(x, attn_mask=bias)  # (B, dim); bias (B, 1, 1, P + N)
+            else:
+                x = self.attn_pool(x[:, self.num_prefix_tokens :], attn_mask=bias)  # (B, dim); bias (B, 1, 1, N)
         elif patch_valid is None and token_sizes is None:
-            x = x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, dim)
+            x = x[:, 0 if self.pool_include_prefix else self.num_prefix_tokens :].mean(dim=1)  # (B, dim)
         else:
             keep = (patch_valid if token_sizes is None else token_sizes).to(x.dtype)[..., None]  # (B, N, 1)
-            x = (x[:, self.num_prefix_tokens :] * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1)  # (B, dim)
+            P = self.num_prefix_tokens
+            if self.pool_include_prefix:  # prefix tokens count once each
+                keep, P = torch.cat([keep.new_ones(keep.shape[0], P, 1), keep], dim=1), 0  # (B, P + N, 1)
+            x = (x[:, P:] * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1)  # (B, dim)
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
 

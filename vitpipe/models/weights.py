@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from vitpipe.errors import ConfigError
+from vitpipe.models.lora import merge_lora_state_dict
 from vitpipe.models.timm_compat import timm_to_vitpipe
 from vitpipe.models.vit import ViT
 from vitpipe.nn.pos_embed import LearnedPosEmbed, resample_grid
@@ -42,6 +43,7 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
         raise
     except Exception as e:  # corrupt file, or a pickle that needs code to run
         raise ConfigError(f"cannot read weights file {str(path)!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+    stored = obj.get("vitpipe_config") if isinstance(obj, dict) else None  # a vitpipe checkpoint's run config
     for key in ("state_dict", "model", "module"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
@@ -50,7 +52,9 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
         raise ConfigError(f"weights file {str(path)!r} holds no state_dict of tensors")
     if any(k.startswith("net.") for k in obj):  # a vitpipe Lightning checkpoint
         obj = {k[4:]: v for k, v in obj.items() if k.startswith("net.")}
-    return obj
+    # a module.finetune=lora run: its adapters merged into plain weights with the run's alpha
+    lora = ((stored or {}).get("module") or {}).get("lora") if isinstance(stored, dict) else None
+    return merge_lora_state_dict(obj, lora.get("alpha") if isinstance(lora, dict) else None)
 
 
 def _timm_hub_state_dict(name: str) -> tuple[dict[str, Tensor], int]:

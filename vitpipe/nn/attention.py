@@ -79,8 +79,8 @@ class MultiHeadAttention(nn.Module):
         context_dim: ``None`` for self-attention (fused ``qkv``); the context's width for
             cross-attention (``q`` and ``kv`` projections), also when it equals ``dim``.
         qk_norm: LayerNorm on queries and keys per head (Dehghani et al. 2023, ViT-22B), which
-            keeps attention logits bounded at scale; eps 1e-6, timm's, so timm conversion is exact
-            both ways (the eps is not in the weights: a model trained with another eps loads anyway).
+            keeps attention logits bounded at scale; eps ``norm_eps`` (1e-6, timm's default; CLIP-style
+            models use 1e-5), which is not in the weights, so it is a constructor argument.
     """
 
     def __init__(
@@ -93,6 +93,8 @@ class MultiHeadAttention(nn.Module):
         qk_norm: bool = False,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
+        norm_eps: float = 1e-6,
+        attn_norm: bool = False,
     ) -> None:
         super().__init__()
         if num_heads <= 0 or dim % num_heads != 0:
@@ -108,9 +110,11 @@ class MultiHeadAttention(nn.Module):
             self.kv = nn.Linear(context_dim, 2 * dim, bias=qkv_bias)
         else:
             self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.q_norm = nn.LayerNorm(self.head_dim, eps=1e-6) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6) if qk_norm else nn.Identity()
+        self.q_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.attn_drop = attn_drop
+        # a LayerNorm on the heads' concatenated output before proj (NormFormer; EVA-02 CLIP, BEiT-3: timm's scale_norm)
+        self.norm = nn.LayerNorm(dim, eps=norm_eps) if attn_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
@@ -177,7 +181,7 @@ class MultiHeadAttention(nn.Module):
             out, weights = self._attend(q, k, v, attn_mask, attn_bias, key_padding_mask, is_causal,
                                         need_weights, need_logits)
         out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.dim)  # (B, N, dim)
-        out = self.proj_drop(self.proj(out))
+        out = self.proj_drop(self.proj(self.norm(out)))
         if need_keys:
             return out, k
         return (out, weights) if need_weights or need_logits else out

@@ -7,10 +7,37 @@ one to one. MLP, DropPath and LayerScale come from timm.layers.
 
 from __future__ import annotations
 
-from timm.layers import DropPath, LayerScale, Mlp
+from functools import partial
+
+from timm.layers import DropPath, LayerScale, Mlp, QuickGELU, SwiGLU
 from torch import Tensor, nn
 
 from vitpipe.nn.attention import KVCache, MultiHeadAttention
+
+# MLP activations by name: exact GELU (ViT), its tanh approximation (SigLIP, big_vision's default) and
+# QuickGELU x * sigmoid(1.702 x) (OpenAI CLIP's); "gelu" stays torch's nn.GELU, the one vitpipe always used
+MLP_ACTS = {"gelu": nn.GELU, "gelu_tanh": partial(nn.GELU, approximate="tanh"), "quick_gelu": QuickGELU}
+
+
+def mlp_act_layer(name: str):
+    if name not in MLP_ACTS:
+        raise ValueError(f"unknown mlp_act={name!r}; valid choices: {', '.join(MLP_ACTS)}")
+    return MLP_ACTS[name]
+
+
+MLPS = ("mlp", "swiglu")
+
+
+def build_mlp(kind: str, dim: int, hidden: int, *, act: str = "gelu", norm_eps: float | None = None,
+              drop: float = 0.0) -> nn.Module:
+    """timm's ``Mlp`` (fc1, act, fc2) or ``SwiGLU`` (fc2(silu(fc1_g x) * fc1_x x); Shazeer 2020, EVA-02,
+    DINOv3 ViT-S+); ``norm_eps`` adds a LayerNorm on the hidden units (EVA-02's sub-LN, timm's scale_mlp)."""
+    norm = partial(nn.LayerNorm, eps=norm_eps) if norm_eps is not None else None
+    if kind == "mlp":
+        return Mlp(dim, hidden, act_layer=mlp_act_layer(act), norm_layer=norm, drop=drop)
+    if kind == "swiglu":
+        return SwiGLU(dim, hidden, norm_layer=norm, drop=drop)
+    raise ValueError(f"unknown mlp={kind!r}; valid choices: {', '.join(MLPS)}")
 
 
 def _scale(dim: int, init_values: float | None) -> nn.Module:
@@ -23,15 +50,17 @@ class EncoderBlock(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0, qkv_bias: bool = True,
                  qk_norm: bool = False, proj_drop: float = 0.0, attn_drop: float = 0.0, drop_path: float = 0.0,
-                 init_values: float | None = None, res_post_norm: bool = False) -> None:
+                 init_values: float | None = None, res_post_norm: bool = False, norm_eps: float = 1e-6,
+                 mlp_act: str = "gelu", mlp: str = "mlp", mlp_norm: bool = False, attn_norm: bool = False) -> None:
         super().__init__()
         self.res_post_norm = res_post_norm
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = MultiHeadAttention(dim, num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm,
-                                       attn_drop=attn_drop, proj_drop=proj_drop)
+                                       attn_drop=attn_drop, proj_drop=proj_drop, norm_eps=norm_eps, attn_norm=attn_norm)
         self.ls1, self.drop_path1 = _scale(dim, init_values), DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = build_mlp(mlp, dim, int(dim * mlp_ratio), act=mlp_act, norm_eps=norm_eps if mlp_norm else None,
+                             drop=proj_drop)
         self.ls2, self.drop_path2 = _scale(dim, init_values), DropPath(drop_path) if drop_path > 0 else nn.Identity()
         if res_post_norm:  # no LayerScale: the norms' gains start at init_values instead (timm)
             self.ls1 = self.ls2 = nn.Identity()

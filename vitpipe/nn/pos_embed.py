@@ -86,6 +86,15 @@ def per_grid(coord: Tensor, sizes: Tensor, table_fn) -> Tensor:
     return out
 
 
+def full_grid(x: Tensor, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    """(coord (B, h*w, 2), sizes (B, 2)) of a whole (h, w) grid for each image of x: an image tensor's
+    patches as a patch dict sees them (``naflex_rule``: the tensor path takes the patch-dict positions)."""
+    h, w = grid_size
+    rows, cols = torch.meshgrid(torch.arange(h, device=x.device), torch.arange(w, device=x.device), indexing="ij")
+    coord = torch.stack([rows.flatten(), cols.flatten()], dim=1)[None].expand(x.shape[0], -1, -1)  # (B, h*w, 2)
+    return coord, coord.new_tensor([[h, w]]).expand(x.shape[0], 2)
+
+
 def _add_to_naflex_patches(x: Tensor, pe: Tensor) -> Tensor:
     """Add per-token positions pe (B, N, dim) to the patch tokens of x (B, P + N, dim)."""
     P = x.shape[1] - pe.shape[1]
@@ -114,10 +123,13 @@ class LearnedPosEmbed(nn.Module):
         super().__init__()
         self.grid_size, self.num_prefix_tokens = tuple(grid_size), num_prefix_tokens
         self.ar_preserving = ar_preserving  # the patch-dict path's resampling (module docstring)
+        self.naflex_rule = False  # True: image tensors too take the patch-dict resampling (timm NaFlexVit's)
         self.weight = nn.Parameter(torch.zeros(1, num_prefix_tokens + grid_size[0] * grid_size[1], dim))
         nn.init.trunc_normal_(self.weight, std=0.02)
 
     def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        if self.naflex_rule:
+            return self.forward_naflex(x, *full_grid(x, grid_size))
         P = self.num_prefix_tokens
         patches = resample_grid(self.weight[:, P:], self.grid_size, grid_size)  # (1, h*w, dim)
         return x + torch.cat([self.weight[:, :P], patches], dim=1)
@@ -183,6 +195,7 @@ class Learned2DPosEmbed(nn.Module):
         super().__init__()
         self.grid_size = tuple(grid_size)
         self.ar_preserving = ar_preserving  # the patch-dict path's resampling (module docstring)
+        self.naflex_rule = False  # True: image tensors too take the patch-dict resampling (timm NaFlexVit's)
         self.row = nn.Parameter(torch.zeros(grid_size[0], dim))
         self.col = nn.Parameter(torch.zeros(grid_size[1], dim))
         nn.init.trunc_normal_(self.row, std=0.02)
@@ -197,6 +210,8 @@ class Learned2DPosEmbed(nn.Module):
         return t[0, :, :, 0].T.to(axis.dtype)  # (n, dim)
 
     def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        if self.naflex_rule:
+            return self.forward_naflex(x, *full_grid(x, grid_size))
         h, w = grid_size
         row, col = self._resample(self.row, h), self._resample(self.col, w)
         table = (row[:, None, :] + col[None, :, :]).reshape(1, h * w, -1)  # (1, h*w, dim)
@@ -222,16 +237,19 @@ class Learned2DPosEmbed(nn.Module):
 class RoPE2D(nn.Module):
     """2D rotary embedding: adds nothing to the tokens; attention rotates q and k with ``phases``."""
 
-    def __init__(self, head_dim: int, num_prefix_tokens: int = 0, base: float = 10000.0) -> None:
+    def __init__(self, head_dim: int, num_prefix_tokens: int = 0, base: float = 10000.0, *, coords: str = "index",
+                 ref_grid: tuple[int, int] | None = None, offset: float = 0.0) -> None:
         super().__init__()
-        rope_2d(1, 1, head_dim)  # validate head_dim now, not at the first forward
+        rope_2d(1, 1, head_dim, coords=coords)  # validate head_dim and coords now, not at the first forward
         self.head_dim, self.num_prefix_tokens, self.base = head_dim, num_prefix_tokens, base
+        self.coords, self.ref_grid, self.offset = coords, None if ref_grid is None else tuple(ref_grid), offset
 
     def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
         return x
 
     def phases(self, grid_size: tuple[int, int], device=None) -> tuple[Tensor, Tensor]:
-        return rope_2d(*grid_size, self.head_dim, base=self.base, num_prefix_tokens=self.num_prefix_tokens, device=device)
+        return rope_2d(*grid_size, self.head_dim, base=self.base, num_prefix_tokens=self.num_prefix_tokens,
+                       coords=self.coords, ref_grid=self.ref_grid, offset=self.offset, device=device)
 
     def forward_naflex(self, x: Tensor, coord: Tensor, sizes: Tensor) -> Tensor:
         return x
@@ -239,6 +257,9 @@ class RoPE2D(nn.Module):
     def phases_naflex(self, coord: Tensor, sizes: Tensor) -> tuple[Tensor, Tensor]:
         """Per-token phases (cos, sin), each (B, 1, P + N, head_dim), for patches at ``coord``
         (B, N, 2): the rows of one grid covering the whole batch (a phase depends on (row, col) only)."""
+        if self.coords != "index" or self.ref_grid is not None or self.offset:  # phases that depend on each image's grid size
+            raise ValueError(f"rope_coords={self.coords!r}, rope_ref_grid={self.ref_grid}, rope_offset={self.offset}: "
+                             "NaFlex patch dicts take rope_coords='index' without rope_ref_grid or rope_offset")
         P = self.num_prefix_tokens
         H, W = sizes.amax(dim=0).tolist()
         cos, sin = self.phases((H, W), device=coord.device)  # (P + H*W, head_dim)
@@ -254,8 +275,9 @@ def _add_to_patches(x: Tensor, table: Tensor) -> Tensor:
 
 
 def build_pos_embed(kind: str, *, dim: int, grid_size: tuple[int, int], num_heads: int,
-                    num_prefix_tokens: int = 0) -> nn.Module:
-    """The positional-encoding module for ``kind`` (one of ``POS_EMBED_KINDS``)."""
+                    num_prefix_tokens: int = 0, rope: dict | None = None) -> nn.Module:
+    """The positional-encoding module for ``kind`` (one of ``POS_EMBED_KINDS``); ``rope``: RoPE2D's
+    keyword arguments (base, coords, ref_grid) for ``rope2d``."""
     grid_size = tuple(grid_size)
     if kind == "none":
         return NoPosEmbed()
@@ -268,5 +290,5 @@ def build_pos_embed(kind: str, *, dim: int, grid_size: tuple[int, int], num_head
     if kind == "learned2d":
         return Learned2DPosEmbed(dim, grid_size)
     if kind == "rope2d":
-        return RoPE2D(dim // num_heads, num_prefix_tokens)
+        return RoPE2D(dim // num_heads, num_prefix_tokens, **(rope or {}))
     raise ValueError(f"unknown pos_embed={kind!r}; valid choices: {', '.join(POS_EMBED_KINDS)}")

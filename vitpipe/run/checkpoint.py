@@ -20,6 +20,7 @@ from torch import nn
 
 from vitpipe.config.build import instantiate_checked
 from vitpipe.errors import ConfigError
+from vitpipe.models.lora import merge_lora
 from vitpipe.run.build import build_from_config
 from vitpipe.run.paths import default_paths, resolve_ckpt_path
 from vitpipe.run.stored import (
@@ -45,7 +46,7 @@ class Rebuilt:
     cfg: DictConfig  # the validated config used: model, data, module from the file; paths, task_name current
     datamodule: Any  # constructed, not set up; None when its config cannot be built here (and was not required)
     net: nn.Module  # weights loaded, eval mode; the EMA network when the run kept one (it validated and tested)
-    module: Any  # the LightningModule with every weight of the checkpoint loaded, eval mode
+    module: Any  # the LightningModule with every weight of the checkpoint loaded, eval mode (LoRA adapters merged)
     class_names: list[str] | None  # label index -> name, as the run's data named them
 
 
@@ -59,6 +60,7 @@ def rebuild(checkpoint: dict, path, *, data: DictConfig | None = None, paths: Di
     current paths (default: conf/paths/default.yaml's layout under the working directory).
     ``need_data``: the data must build and its files be present (eval), else a data module that
     cannot be built here is None with a warning (a folder of images needs no data set).
+    A ``module.finetune=lora`` run's adapters are merged into plain weights (``vitpipe.models.lora``).
     """
     path = Path(path)
     sections = check_stored_config(checkpoint, path)
@@ -89,6 +91,11 @@ def rebuild(checkpoint: dict, path, *, data: DictConfig | None = None, paths: Di
         raise ConfigError(f"checkpoint {path} does not fit its own module config: missing {result.missing_keys[:3]}, "
                           f"unexpected {result.unexpected_keys[:3]}")
     ema = any(k.startswith(EMA) for k in state)
+    # module.finetune=lora: loaded with its adapters (the stored keys), then merged into plain weights, so
+    # every reader (eval, predict, serve, export, visualize, a teacher) sees the network a full run would be
+    merge_lora(module.net)
+    if ema:
+        merge_lora(module.get_submodule(EMA.rstrip(".")))
     evaluating = module.get_submodule(EMA.rstrip(".")) if ema else net  # what the run validated and tested
     return Rebuilt(cfg=cfg, datamodule=dm, net=evaluating.eval(), module=module.eval(),
                    class_names=class_names_of(checkpoint, dm if data is None else None))

@@ -20,12 +20,16 @@ def output_dir(cfg: DictConfig) -> Path:
     return Path(cfg.paths.output_dir)
 
 
+def run_config(cfg: DictConfig) -> dict:
+    """The resolved config as config.yaml holds it: the same rule as the config stored in checkpoints
+    (vitpipe.run.stored.ConfigInCheckpoint), so the two stay equal."""
+    return stored_config(OmegaConf.to_container(cfg, resolve=True))
+
+
 @rank_zero_only
 def write_run_files(cfg: DictConfig, metrics: dict) -> None:
     out = output_dir(cfg)
-    # the same rule as the config stored in checkpoints (vitpipe.run.stored.ConfigInCheckpoint): the two stay equal
-    config = stored_config(OmegaConf.to_container(cfg, resolve=True))
-    atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(config)))
+    atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(run_config(cfg))))
     if metrics:
         atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True) + "\n")
 

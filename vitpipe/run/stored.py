@@ -242,6 +242,7 @@ ALLOWED_TARGETS: dict[str, frozenset[str]] = {
         "vitpipe.data.FashionMNISTDataModule", "vitpipe.data.ImageFolderDataModule",
         "vitpipe.data.SyntheticDataModule", "vitpipe.data.captions.COCOCaptionDataModule",
         "vitpipe.data.captions.ShapesCaptionDataModule", "vitpipe.data.shards.ShardsDataModule",
+        "vitpipe.data.hf.HFDataModule",
     }),
     "module": frozenset({"vitpipe.lit.ImageClassifier", "vitpipe.lit.captioner.CaptionModule", "vitpipe.lit.mae.MAEModule",
                          *_OPTIMIZERS}),

@@ -7,6 +7,8 @@ directories, data roots and the Trainer come from the eval config, never from th
 ``model_patch_size=<p>``: test the ViT at another patch size than it was built with (FlexiViT,
 Beyer et al. 2023: its patch kernel PI-resized to p x p, positions resampled to the new grid); any p
 dividing the model's img_size runs, a model trained with ``model.flexi_patch_sizes`` does well at those.
+
+``model_tome_r=<r>``: test it with token merging (ToMe), r tokens merged per block (``vitpipe.inference.vit_options``).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import lightning as L
 from omegaconf import DictConfig
 
 from vitpipe.config.build import build_trainer
+from vitpipe.config.options import check_model_tome_r
 from vitpipe.config.preflight import preflight
 from vitpipe.errors import ConfigError
-from vitpipe.models.vit import ViT
+from vitpipe.inference.vit_options import set_patch_size, set_tome_r
 from vitpipe.report.evaluation import (
     carve_warning,
     eval_options,
@@ -44,6 +47,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True)
     opts = eval_options(cfg)  # split / calibrate / tta checked before anything loads
     patch_size = model_patch_size(cfg)
+    tome_r = check_model_tome_r(cfg.get("model_tome_r"))
+    if tome_r is not None and cfg.get("calibrate"):
+        raise ConfigError(f"calibrate=true with model_tome_r={tome_r}: calibration.json is applied by predict to the "
+                          "run as trained; calibrate without model_tome_r")
     path = resolve_ckpt_path(cfg.ckpt_path, log_dir=cfg.paths.log_dir, which="best")
     # the eval's run dir (metrics.json, report/) is not the run it reads (ckpt_path=last resolved; vitpipe.run.outputs)
     check_not_input(cfg.paths.output_dir, checkpoint_inputs(path, cfg.ckpt_path), key="hydra.run.dir", folder=True)
@@ -58,7 +65,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     run = rebuild(checkpoint, path, data=cfg.get("data"), paths=cfg.paths, task_name=cfg.task_name, need_data=True)
     if patch_size is not None:
         set_patch_size(run.module, patch_size)
-    log.info("evaluating %s%s", path, f" at patch size {patch_size}" if patch_size is not None else "")
+    if tome_r is not None:
+        set_tome_r(run.module, tome_r)
+    log.info("evaluating %s%s%s", path, f" at patch size {patch_size}" if patch_size is not None else "",
+             f" merging {tome_r} tokens per block" if tome_r else "")
     trainer = build_trainer(cfg.trainer, logger=False, callbacks=report_callbacks(cfg))
     # the weights are in the module already: no ckpt_path, so Lightning does not read the file again;
     # predictions.csv + report/ (and calibration.json with calibrate=true): vitpipe.report.evaluation
@@ -82,16 +92,3 @@ def model_patch_size(cfg: DictConfig) -> int | None:
         raise ConfigError(f"calibrate=true with model_patch_size={p}: calibration.json is applied by predict at the "
                           "trained patch size; calibrate without model_patch_size")
     return p
-
-
-def set_patch_size(module, patch_size: int) -> None:
-    """Every vitpipe ViT in ``module`` (its net, an EMA copy, a captioner's encoder) embeds at ``patch_size``."""
-    vits = [m for m in module.modules() if isinstance(m, ViT)]
-    if not vits:
-        raise ConfigError(f"model_patch_size={patch_size} needs a vitpipe ViT; this checkpoint's network is "
-                          f"{type(getattr(module, 'net', module)).__name__}")
-    for vit in vits:
-        try:
-            vit.set_patch_size(patch_size)
-        except ValueError as e:
-            raise ConfigError(f"model_patch_size={patch_size}: {e}") from None

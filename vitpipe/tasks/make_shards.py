@@ -152,21 +152,26 @@ def write_split(ds, indices: list[int], split_dir: str, *, shard_size: str, shuf
     ``num_classes`` given: a multi-label source, whose items hold label sets (and the folder LABELS_FILE).
     ``record`` (``split_record``) is written into the folder before it is renamed into place."""
     from litdata.streaming.writer import BinaryWriter
+    from litdata.types import File
 
     partial = os.path.join(os.path.dirname(split_dir), f".{os.path.basename(split_dir)}.partial")
     shutil.rmtree(partial, ignore_errors=True)  # an interrupted earlier attempt
     order = list(range(len(indices)))
     if shuffle_seed is not None:
         order = torch.randperm(len(indices), generator=torch.Generator().manual_seed(shuffle_seed)).tolist()
+    # Each image as a File leaf (read back as its bytes): with pyarrow installed, LitData 0.2.75+ stores rows of
+    # plain bytes and ints as Arrow record batches of 256 rows, and a read in ChunkSampler's order (random inside a
+    # chunk) converted a whole batch to Python for one item (shards at 0.58-0.77x of the same JPEGs in a folder in
+    # `scripts/benchmark.py --only shards --workers 2`, 0.97-1.15x as File leaves). A media leaf keeps per-item rows.
     writer = BinaryWriter(partial, chunk_bytes=shard_size)
     label_sets = []
     for n, k in enumerate(tqdm(order, desc=desc, unit="img")):
         if num_classes is None:
             image, label = _item_bytes(ds, indices[k])
-            writer.add_item(n, {"image": image, "label": label, "source_index": k})
+            writer.add_item(n, {"image": File(bytes=image), "label": label, "source_index": k})
         else:
             image, labels = _multilabel_item(ds, indices[k], label_dtype(num_classes))
-            writer.add_item(n, {"image": image, "labels": labels, "source_index": k})
+            writer.add_item(n, {"image": File(bytes=image), "labels": labels, "source_index": k})
             label_sets.append(labels)
     writer.done()
     writer.merge()

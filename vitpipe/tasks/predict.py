@@ -128,7 +128,7 @@ def predict(cfg: DictConfig) -> Path:
     images = [Input(f, f"an image images={cfg.images} reads") for f in files] if Path(str(cfg.out)).exists() else []
     prepare_output(cfg.out, [*named_checkpoint_inputs(cfg.ckpt_path), *images], key="out", folder=False)
     loaded = load_predictor(cfg.ckpt_path, paths=cfg.paths, task_name=cfg.task_name, device=device, tta=cfg.tta,
-                            threshold=cfg.get("threshold"))
+                            threshold=cfg.get("threshold"), tome_r=cfg.get("model_tome_r"))
     check_not_input(cfg.out, checkpoint_inputs(loaded.path, cfg.ckpt_path), key="out", folder=False)  # ckpt_path=last
     built, net, kind, preprocess, temperature = (loaded.built, loaded.net, loaded.kind, loaded.preprocess,
                                                  loaded.temperature)

@@ -34,8 +34,10 @@ from vitpipe.run.info import (
     finish_loggers,
     output_dir,
     print_summary,
+    run_config,
     write_run_files,
 )
+from vitpipe.run.mlflow_logger import log_config, log_outcome
 from vitpipe.run.paths import resolve_ckpt_path, resumable_by
 from vitpipe.run.stored import STATE_DICT, ConfigInCheckpoint, check_fits, load_checkpoint
 
@@ -50,7 +52,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 
 def _train(cfg: DictConfig) -> dict[str, float]:
-    clock = RunClock()  # a time budget is the whole run's: it starts before the checks and the data
+    clock = RunClock()  # a time budget is the whole run's: from the process's start (imports, Hydra) on
     preflight(cfg, "train")  # first, once: a bad value (seed=-5 included) is one line before anything runs
     dm = build_data(cfg)  # then the data's files (an image folder's links, a shard index): one line, no banner first
     L.seed_everything(cfg.seed, workers=True)
@@ -72,6 +74,7 @@ def _train(cfg: DictConfig) -> dict[str, float]:
         dm, net, module = build_from_config(cfg, dm=dm)  # cfg checked above (preflight, first line)
         ckpt_path = resume_path(cfg, net)
         write_run_files(cfg, {})
+        log_config(loggers, run_config(cfg))  # MLflow's params: config.yaml's values, flattened
         fit_s = None
         if cfg.get("train", True):
             start = time.perf_counter()
@@ -87,10 +90,12 @@ def _train(cfg: DictConfig) -> dict[str, float]:
         metrics.update(timing.outcome())
         timing.announce_outcome(trainer)
         write_run_files(cfg, metrics)
+        log_outcome(loggers, metrics, trainer.global_step, output_dir(cfg))  # MLflow: metrics.json's values, files
         print_summary(cfg, metrics, trainer)
         status = "success"
         return metrics
     finally:
+        clock.stop()
         finish_loggers(loggers, status)
 
 

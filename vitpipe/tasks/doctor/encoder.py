@@ -39,8 +39,8 @@ POS_KINDS = {
 
 def reference_attention(attn: MultiHeadAttention, x: Tensor, context: Tensor | None = None, *, scale: float) -> Tensor:
     """softmax(q k^T * scale) v, projected out, from ``attn``'s own weights (its ``qkv`` or ``q``/``kv``,
-    ``q_norm``/``k_norm``, ``proj``), written out here rather than through its core. x (B, N, dim),
-    context (B, M, context_dim) -> (B, N, dim)."""
+    ``q_norm``/``k_norm``, the output ``norm`` of ``attn_norm``, ``proj``), written out here rather than
+    through its core. x (B, N, dim), context (B, M, context_dim) -> (B, N, dim)."""
     B, N, _ = x.shape
     H, d = attn.num_heads, attn.head_dim
     if attn.is_cross:
@@ -50,7 +50,7 @@ def reference_attention(attn: MultiHeadAttention, x: Tensor, context: Tensor | N
         q, k, v = attn.qkv(x).view(B, N, 3, H, d).permute(2, 0, 3, 1, 4)  # each (B, H, N, d)
     q, k = attn.q_norm(q), attn.k_norm(k)
     weights = ((q @ k.transpose(-2, -1)) * scale).softmax(dim=-1)  # (B, H, N, M)
-    return attn.proj((weights @ v).transpose(1, 2).reshape(B, N, H * d))  # (B, N, dim)
+    return attn.proj(attn.norm((weights @ v).transpose(1, 2).reshape(B, N, H * d)))  # (B, N, dim); norm: attn_norm
 
 
 def _scale_probe(attn: MultiHeadAttention, gen: torch.Generator, like: Tensor) -> tuple[Tensor, Tensor | None]:
