@@ -235,27 +235,28 @@ def test_fmnist_recipe_composes_and_instantiates(cfg_factory):
         assert teacher(torch.randn(2, 1, 56, 56)).shape == (2, 10)
 
 
-# the recipe's seed-42 test accuracy (README, 2-core AMD EPYC), plain and with flip TTA
-# (scripts/eval.py tta=hflip), and the tolerance: the spread of its three seeds (0.0041 plain,
-# 0.0027 with TTA), rounded up
-FMNIST_SEED42_ACC, FMNIST_SEED42_TTA_ACC, FMNIST_SEED_SPREAD = 0.9187, 0.9219, 0.005
+# the recipe's seed-42 test accuracy on its 30-minute time budget (docs/results.md, 2-core AMD EPYC), and the
+# tolerance: the spread of the fixed-epoch recipe's three seeds (0.0041 plain, 0.0027 with TTA), rounded up
+FMNIST_SEED42_ACC, FMNIST_SEED_SPREAD = 0.9200, 0.005
+FMNIST_BUDGET_S = 1800
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path(DEBIAN_DIR).is_dir(), reason="needs Debian's dataset-fashion-mnist package")
 def test_fmnist_recipe_reproduces_its_reported_accuracy(cfg_factory):
-    # the whole recipe at its default seed (42), as the README measures it (about 26 minutes on 2 idle
-    # cores), then its second command; CPUs differ in the last bits, so the bar is the seed-to-seed
-    # spread, not equality
+    # the whole recipe at its default seed (42), as docs/results.md measures it (its 30-minute budget on
+    # whatever machine runs this), then its optional TTA evaluation; CPUs differ in the last bits and in
+    # how many steps fit the budget, so the bar is the seed-to-seed spread, not equality
     from vitpipe.tasks.evaluate import evaluate
 
     cfg = cfg_factory("experiment=fmnist_vit", "callbacks.progress_bar.refresh_rate=0")
     metrics = train(cfg)
     assert abs(metrics["test/acc"] - FMNIST_SEED42_ACC) <= FMNIST_SEED_SPREAD, metrics
+    assert metrics["time/budget_s"] == FMNIST_BUDGET_S and metrics["time/run_s"] <= FMNIST_BUDGET_S, metrics
     tta = evaluate(cfg_factory(f"ckpt_path={cfg.paths.output_dir}", "tta=hflip", "trainer.accelerator=cpu",
                                "trainer.precision=32-true", config_name="eval", sub="tta"))
-    assert abs(tta["test/acc"] - FMNIST_SEED42_TTA_ACC) <= FMNIST_SEED_SPREAD, tta
-    assert tta["test/acc"] > metrics["test/acc"]  # the mirror average helps on every seed measured
+    # optional at test time: the mirror view is one the training saw (random flips), so it stays within the spread
+    assert abs(tta["test/acc"] - metrics["test/acc"]) <= FMNIST_SEED_SPREAD, tta
 
 
 def write_cifar10(root: Path, *, per_batch: int, n_test: int) -> None:
