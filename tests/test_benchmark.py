@@ -235,10 +235,12 @@ def test_fmnist_recipe_composes_and_instantiates(cfg_factory):
         assert teacher(torch.randn(2, 1, 56, 56)).shape == (2, 10)
 
 
-# the recipe's seed-42 test accuracy on its 30-minute time budget (docs/results.md, 2-core AMD EPYC), and the
-# tolerance: the spread of the fixed-epoch recipe's three seeds (0.0041 plain, 0.0027 with TTA), rounded up
-FMNIST_SEED42_ACC, FMNIST_SEED_SPREAD = 0.9200, 0.005
-FMNIST_BUDGET_S = 1800
+# the recipe's seed-42 runs on its 30-minute time budget (docs/results.md), as (optimizer steps that fitted, test
+# accuracy): on a 2-core AMD EPYC where a step takes 0.46 s (30 min), on one where it takes 0.135 s (10 and 30 min).
+# Accuracy follows the steps a machine fits, not the minutes: the bar is the measured curve at the steps this
+# machine fitted, less the seed-to-seed spread of the fixed-epoch recipe's three seeds (0.0041), rounded up
+FMNIST_SEED42_CURVE = ((3767, 0.9003), (4155, 0.9016), (12730, 0.9200))
+FMNIST_SEED_SPREAD, FMNIST_BUDGET_S = 0.005, 1800
 
 
 @pytest.mark.slow
@@ -246,17 +248,21 @@ FMNIST_BUDGET_S = 1800
 def test_fmnist_recipe_reproduces_its_reported_accuracy(cfg_factory):
     # the whole recipe at its default seed (42), as docs/results.md measures it (its 30-minute budget on
     # whatever machine runs this), then its optional TTA evaluation; CPUs differ in the last bits and in
-    # how many steps fit the budget, so the bar is the seed-to-seed spread, not equality
+    # how many steps fit the budget
+    import numpy as np
+
     from vitpipe.tasks.evaluate import evaluate
 
     cfg = cfg_factory("experiment=fmnist_vit", "callbacks.progress_bar.refresh_rate=0")
     metrics = train(cfg)
-    assert abs(metrics["test/acc"] - FMNIST_SEED42_ACC) <= FMNIST_SEED_SPREAD, metrics
     assert metrics["time/budget_s"] == FMNIST_BUDGET_S and metrics["time/run_s"] <= FMNIST_BUDGET_S, metrics
+    steps, accs = zip(*FMNIST_SEED42_CURVE)
+    bar = float(np.interp(metrics["time/planned_steps"], steps, accs)) - FMNIST_SEED_SPREAD
+    assert metrics["test/acc"] >= bar, (bar, metrics)
     tta = evaluate(cfg_factory(f"ckpt_path={cfg.paths.output_dir}", "tta=hflip", "trainer.accelerator=cpu",
                                "trainer.precision=32-true", config_name="eval", sub="tta"))
-    # optional at test time: the mirror view is one the training saw (random flips), so it stays within the spread
-    assert abs(tta["test/acc"] - metrics["test/acc"]) <= FMNIST_SEED_SPREAD, tta
+    # optional at test time; at 11 fixed epochs it added 0.24 to 0.70 points on each of 11 checkpoints: never below
+    assert tta["test/acc"] >= metrics["test/acc"] - FMNIST_SEED_SPREAD, tta
 
 
 def write_cifar10(root: Path, *, per_batch: int, n_test: int) -> None:
