@@ -115,13 +115,14 @@ def test_timm_transform_predicts_like_predict(ckpts, tmp_path, kind, mode):
     assert max(abs(float(p) - rows[f.name]["prob"]) for f, p in zip(files, probs.max(-1).values)) < 1e-5
 
 
-@pytest.mark.parametrize("kind", ["learned", "sincos2d", "rope2d", "conv"])
+@pytest.mark.parametrize("kind", ["learned", "sincos2d", "rope2d", "conv", "hybrid"])
 def test_onnx_matches_pytorch_at_batch_1_and_5(ckpts, tmp_path, kind):
     """One self-contained .onnx file (no .onnx.data), dynamic batch, onnxruntime within 1e-4 of PyTorch."""
     import onnxruntime as ort
 
     path = ckpts(kind)
     run = rebuild(load_checkpoint(path), path)
+    assert getattr(run.net.patch_embed, "depth", 1) == (2 if kind == "hybrid" else 1)  # the stored stem, rebuilt
     out = tmp_path / "m.onnx"
     check = export_onnx(run.net, Preprocess(run.datamodule, run.net).spec, out)
     assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
@@ -139,7 +140,8 @@ def test_onnx_matches_pytorch_at_batch_1_and_5(ckpts, tmp_path, kind):
         check_onnx(run.net, out, torch.randn(3, 1, 8, 8))
 
 
-@pytest.mark.parametrize("kind, part", [("rope2d", "rope2d"), ("learned2d", "learned2d"), ("conv", "conv stem")])
+@pytest.mark.parametrize("kind, part", [("rope2d", "rope2d"), ("learned2d", "learned2d"), ("conv", "conv stem"),
+                                        ("hybrid", "conv stem")])
 def test_timm_refuses_what_it_cannot_express_in_one_line(ckpts, tmp_path, capsys, kind, part):
     out = tmp_path / "vit"
     with pytest.raises(SystemExit) as exit_info:

@@ -136,6 +136,8 @@ def test_mean_pool_without_class_token():
         (dict(pool="max"), r"'max'.*cls, mean"),
         (dict(stem="resnet"), r"'resnet'.*patch, conv"),
         (dict(stem="conv", img_size=24, patch_size=6), r"power-of-two patch.*6x6"),
+        (dict(stem="conv", stem_depth=0), r"stem_depth=0.*int >= 1"),
+        (dict(stem="patch", stem_depth=2), r"stem_depth=2.*needs stem='conv'.*got stem='patch'"),
     ],
 )
 def test_bad_arguments_raise_value_error_naming_value_and_choices(kwargs, pattern):
@@ -187,3 +189,20 @@ def test_conv_stem_gives_the_patch_grid_and_trains(img_size, patch_size):
     loss = torch.nn.functional.cross_entropy(m(x), torch.tensor([0, 1, 2, 0]))
     loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.patch_embed.parameters())
+
+
+def test_a_deeper_conv_stem_adds_stride_1_convs_per_stage_and_keeps_the_grid():
+    """stem_depth=2: each stride-2 stage gains a 3x3 stride-1 conv at its width; grid, tokens and the
+    receptive field's growth follow (a pixel reaches more tokens than through the one-conv-per-stage stem)."""
+    torch.manual_seed(0)
+    kw = dict(img_size=28, patch_size=4, in_chans=1, num_classes=3, depth=1, pool="mean", class_token=False)
+    one, two = create_model("vit_micro", stem="conv", **kw), create_model("vit_micro", stem="conv", stem_depth=2, **kw)
+    convs = lambda m: [(c.in_channels, c.out_channels, c.stride[0], c.kernel_size[0])  # noqa: E731
+                       for c in m.patch_embed.proj if isinstance(c, torch.nn.Conv2d)]
+    w = one.dim
+    assert convs(one) == [(1, w // 2, 2, 3), (w // 2, w, 2, 3), (w, w, 1, 1)]
+    assert convs(two) == [(1, w // 2, 2, 3), (w // 2, w // 2, 1, 3), (w // 2, w, 2, 3), (w, w, 1, 3), (w, w, 1, 1)]
+    x = torch.randn(2, 1, 28, 28)
+    assert two.patch_embed(x)[1] == one.patch_embed(x)[1] == (7, 7) and two(x).shape == (2, 3)
+    one.eval(), two.eval()
+    assert len(_token_sensitivity(two, x, (13, 13))) > len(_token_sensitivity(one, x, (13, 13)))

@@ -27,6 +27,7 @@ KINDS = {
     "rope2d": ["model.pos_embed=rope2d"],
     "learned2d": ["model.pos_embed=learned2d"],
     "conv": ["model.pos_embed=sincos2d", "model.stem=conv"],
+    "hybrid": ["model.pos_embed=sincos2d", "model.stem=conv", "model.stem_depth=2"],  # fmnist_vit's hybrid stem
     "captioner": ["experiment=caption_shapes", "data.num_train=16", "data.num_val=4", "data.num_test=4",
                   "module.beam_size=2"],
     "folder": ["data=imagefolder", "data.num_classes=3", "model.img_size=16", "model.patch_size=4",

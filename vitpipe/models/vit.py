@@ -92,6 +92,7 @@ class ViT(nn.Module):
         qk_norm: bool = False,
         pos_embed: str = "learned",
         stem: str = "patch",
+        stem_depth: int = 1,
         class_token: bool = True,
         dist_token: bool = False,
         reg_tokens: int = 0,
@@ -148,7 +149,11 @@ class ViT(nn.Module):
         if fc_norm is not None and not isinstance(fc_norm, bool):
             raise TypeError(f"fc_norm={fc_norm!r}; use null (by pool), true or false")
 
-        self.patch_embed = STEMS[stem](img_size, patch_size, in_chans, dim)
+        if stem_depth != 1 and stem != "conv":
+            raise ValueError(f"stem_depth={stem_depth!r} sets the conv stem's layers per stage: it needs stem='conv' "
+                             f"(got stem={stem!r}); leave stem_depth=1 for the patchify stem")
+        self.patch_embed = STEMS[stem](img_size, patch_size, in_chans, dim, **({"depth": stem_depth} if stem == "conv" else {}))
+        self.stem_depth = stem_depth
         self.img_size, self.patch_size = self.patch_embed.img_size, self.patch_embed.patch_size
         self.stem = stem
         self.flexi_patch_sizes = self._check_flexi(flexi_patch_sizes, stem)

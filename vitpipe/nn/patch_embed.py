@@ -121,7 +121,18 @@ class ConvStem(PatchEmbed):
 
     Same interface and grid as ``PatchEmbed``; the patch must be a power of two, equal on both sides.
     Small data sets gain most: the stem gives the locality prior that patchify leaves to be learned.
+
+    ``depth`` (``model.stem_depth``): 3x3 conv-BN-ReLU layers per stride-2 stage. 1 is the paper's stem;
+    each further layer is a stride-1 3x3 conv at that stage's width (a hybrid stem, as LeViT's or
+    ViT-R's convolutional front ends: more of the early features computed by convolutions).
     """
+
+    def __init__(self, img_size=224, patch_size=16, in_chans: int = 3, dim: int = 768, depth: int = 1) -> None:
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"stem_depth={depth!r}; use an int >= 1 (3x3 conv layers per stride-2 stage of "
+                             "stem='conv'; 1: Xiao et al. 2021)")
+        self.depth = depth
+        super().__init__(img_size, patch_size, in_chans, dim)
 
     def build_proj(self, in_chans: int, dim: int) -> nn.Module:
         p, q = self.patch_size
@@ -132,8 +143,10 @@ class ConvStem(PatchEmbed):
         widths = [max(dim >> (n - 1 - i), 8) for i in range(n)]
         layers, c = [], in_chans
         for w in widths:
-            layers += [nn.Conv2d(c, w, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU(inplace=True)]
-            c = w
+            for k in range(self.depth):  # the stage's first layer halves H and W, the others keep them
+                layers += [nn.Conv2d(c, w, 3, stride=2 if k == 0 else 1, padding=1, bias=False),
+                           nn.BatchNorm2d(w), nn.ReLU(inplace=True)]
+                c = w
         return nn.Sequential(*layers, nn.Conv2d(c, dim, kernel_size=1))
 
     def forward(self, x: Tensor, patch_size: int | tuple[int, int] | None = None) -> tuple[Tensor, tuple[int, int]]:
