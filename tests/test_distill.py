@@ -169,8 +169,9 @@ class _OpensAFile:
 
 
 def test_the_shipped_teacher_file_names_its_architecture():
-    """fmnist_vit names only the file: assets/teachers/fmnist_resnet10t.safetensors carries arch, kwargs
-    and img_size (as scripts/make_teacher.py writes them), and the experiment restates none of them."""
+    """assets/teachers/fmnist_resnet10t.safetensors carries arch, kwargs and img_size (as scripts/make_teacher.py
+    writes them), so fmnist_vit's distillation settings (off; module.distill.teacher=<the file> turns them on)
+    restate none of them."""
     from vitpipe.lit.distill import file_metadata
 
     root = Path(__file__).resolve().parents[1]

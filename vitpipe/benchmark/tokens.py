@@ -7,8 +7,9 @@
   and the top-1 agreement with the unmerged model (the models are untrained, so agreement with the
   unmerged model, not accuracy, is what means something).
 
-Two shapes: ``fmnist``, the Fashion-MNIST recipe's ViT (conf/experiment/fmnist_vit.yaml: 28 px, 4-px
-patches, dim 128, depth 6, 4 heads, mlp_ratio 2, conv stem, mean pooling, no class token; agreement on the
+Two shapes: ``fmnist``, a 28-px Fashion-MNIST ViT (4-px patches, dim 128, depth 6, 4 heads, mlp_ratio 2,
+the one-conv-per-stage conv stem, mean pooling, no class token: fmnist_vit's blocks, two more of them and a
+lighter stem, so the rows of docs/time-budget.md stay comparable; agreement on the
 first ``agree_images`` Fashion-MNIST test images where Debian's copy is installed, else random images), and
 ``s16``, ViT-S/16 at 224 px (196 patches; random images). The settings that matter are ``--device``,
 ``--precision``, ``--steps``, ``--warmup`` and ``--repeats``; the batch sizes are this module's (``SHAPES``).
