@@ -54,7 +54,8 @@ class ViT(nn.Module):
     ``dist_token`` adds DeiT's distillation token (after the class token) and a second head
     ``head_dist``: ``forward_heads`` returns both heads' logits (training on labels and teacher),
     ``forward`` their mean (Touvron et al. 2021, "Training data-efficient image transformers").
-    ``stem="conv"`` replaces the patchify conv with a small conv stem (Xiao et al. 2021).
+    ``stem="conv"`` replaces the patchify conv with a small conv stem (Xiao et al. 2021). ``stem_depth``
+    (>= 2) adds stride-1 3x3 convs to each of its stages (a hybrid stem; ``ConvStem``).
     ``flexi_patch_sizes`` trains at random patch sizes (FlexiViT, module docstring); ``set_patch_size``
     picks the eval-time one. ``pos_embed_ar_preserving``: how learned tables are resampled for a patch
     dict's grids (``vitpipe.nn.pos_embed``; timm NaFlexVit's ``pos_embed_ar_preserving``);
@@ -153,7 +154,6 @@ class ViT(nn.Module):
             raise ValueError(f"stem_depth={stem_depth!r} sets the conv stem's layers per stage: it needs stem='conv' "
                              f"(got stem={stem!r}); leave stem_depth=1 for the patchify stem")
         self.patch_embed = STEMS[stem](img_size, patch_size, in_chans, dim, **({"depth": stem_depth} if stem == "conv" else {}))
-        self.stem_depth = stem_depth
         self.img_size, self.patch_size = self.patch_embed.img_size, self.patch_embed.patch_size
         self.stem = stem
         self.flexi_patch_sizes = self._check_flexi(flexi_patch_sizes, stem)
