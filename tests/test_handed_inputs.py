@@ -368,7 +368,8 @@ HEADERS = b"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: applicati
 def test_slow_clients_are_closed_at_the_deadline_while_good_requests_are_answered():
     """30 clients dripping their headers a byte at a time and one dripping its body: a good /predict is
     answered meanwhile, before any slow one is closed, and the server answers each slow one 408 and closes
-    it at its deadline (3 s), not later; uvicorn alone kept them open for as long as they dripped."""
+    it at its deadline (3 s), not later; uvicorn alone kept them open for as long as they dripped. Every
+    one gets its 408 although it is still sending: the close lingers instead of resetting the connection."""
     from vitpipe.tasks.serving.connections import guarded_protocol
     from vitpipe.tasks.serving.edge import RequestGate
 
@@ -396,13 +397,13 @@ def test_slow_clients_are_closed_at_the_deadline_while_good_requests_are_answere
     for s, (after, data) in result.items():
         assert 2.8 <= after <= 4.5, after
         s.close()
-        if not data:  # the close reset the connection (our drips unread in the server's buffer): the 408 is lost
+        if not data:  # a close with the client's drips unread in the server's buffer is a reset: the 408 is lost
             continue
         assert data.startswith(b"HTTP/1.1 408 "), data[:80]
         detail = json.loads(data.split(b"\r\n\r\n", 1)[1])["detail"]
         assert ("header_timeout_s" if s in slow else "body_timeout_s") in detail, detail
         answered += 1
-    assert answered >= len(result) // 2, f"only {answered} of {len(result)} slow clients got the 408"
+    assert answered == len(result), f"only {answered} of {len(result)} slow clients got the 408 (the close was a reset)"
 
 
 def test_one_connection_over_the_bound_is_refused_at_once():

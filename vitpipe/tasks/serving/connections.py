@@ -18,6 +18,11 @@ to uvicorn as ``http=``, that adds, per connection:
 
 A request past its deadline is answered 408 (JSON ``{"detail": ...}``, as the request edge answers)
 when no response has started, then closed; a connection that sent nothing is closed silently.
+
+Closing after such an answer is a lingering close (as nginx's ``lingering_close``): the server sends
+the answer and its FIN, then reads and discards what the client still sends for up to ``LINGER_S``
+before it closes. Closing at once, with the client's bytes unread in the server's buffer, makes the
+kernel send a reset, and a client still sending (the slow client is) loses the answer with it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from __future__ import annotations
 import asyncio
 
 from vitpipe.tasks.serving.edge import error_body
+
+LINGER_S = 1.0  # how long an answered-and-refused client may still send before the close
 
 
 def _base_protocol() -> type:
@@ -55,18 +62,20 @@ class _Deadlines:
 
     def connection_made(self, transport) -> None:
         self._timer: asyncio.TimerHandle | None = None
+        self._lingering = False
         self._seen_cycle = None  # the request whose headers were complete when last looked at
         self._received = False  # bytes of a request not yet answered have arrived
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
-            transport.write(raw_response(503, "Service Unavailable",
-                                         f"the server holds {self.max_connections} open connections "
-                                         "(max_connections); retry shortly"))
-            transport.close()
+            self._answer_and_close(raw_response(503, "Service Unavailable",
+                                                f"the server holds {self.max_connections} open connections "
+                                                "(max_connections); retry shortly"))
             return
         self._await_headers()
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # answered and closing: read only so that the close is not a reset
         self._received = True
         super().data_received(data)
         cycle = getattr(self, "cycle", None)
@@ -113,14 +122,27 @@ class _Deadlines:
         if (what == "headers" and in_progress) or (what == "body" and not (in_progress and cycle.more_body)):
             return  # the request got past this stage meanwhile (a pipelined one): nothing to enforce
         started = what == "body" and cycle.response_started
-        if self._received and not started:
-            key = "header_timeout_s" if what == "headers" else "body_timeout_s"
-            self.transport.write(raw_response(408, "Request Timeout",
-                                              f"the request {what} did not arrive within {seconds:g} s ({key})"))
         if cycle is not None and what == "body":
             cycle.disconnected = True  # the app's receive() now returns http.disconnect
             cycle.message_event.set()
-        self.transport.close()
+        if self._received and not started:
+            key = "header_timeout_s" if what == "headers" else "body_timeout_s"
+            self._answer_and_close(raw_response(408, "Request Timeout",
+                                                f"the request {what} did not arrive within {seconds:g} s ({key})"))
+        else:
+            self.transport.close()
+
+    def _answer_and_close(self, response: bytes) -> None:
+        """Send ``response`` and a FIN, discard what arrives for up to ``LINGER_S``, then close."""
+        self._lingering = True
+        self.transport.write(response)
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        if not self.transport.is_reading():
+            self.transport.resume_reading()  # paused by flow control: unread bytes would make the close a reset
+        self._timer = self.loop.call_later(LINGER_S, self.transport.close)
 
 
 def guarded_protocol(*, header_timeout_s: float, body_timeout_s: float, max_connections: int,
