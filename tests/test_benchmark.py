@@ -240,10 +240,11 @@ def test_fmnist_recipe_composes_and_instantiates(cfg_factory):
         assert teacher(torch.randn(2, 1, 56, 56)).shape == (2, 10)
 
 
-# the recipe's seed-42 runs (docs/results.md), as (optimizer steps that fitted, test accuracy), on a 2-core 2.0 GHz
-# AMD EPYC (0.33-0.36 s a step): its 10-, 20-, 30- and 60-minute budgets. Accuracy follows the steps a machine fits,
-# not the minutes: the bar is the measured curve at the steps this machine fitted (one that fits more than
-# 10,319: the last point), less the seed-to-seed spread of the recipe's three 30-minute seeds (0.0030), rounded up
+# the recipe's seed-42 runs (docs/results.md), as (optimizer steps that fitted, test accuracy), on a 2-core
+# 2.0 GHz AMD EPYC (0.32-0.39 s a step, as their plan lines measured): its 10-, 20-, 30- and 60-minute budgets.
+# Accuracy follows the steps a machine fits, not the minutes: the bar is the measured curve at the steps this
+# machine fitted (one that fits more than 10,319: the last point), less the seed-to-seed spread of the recipe's
+# three 30-minute seeds (0.0030), rounded up
 FMNIST_SEED42_CURVE = ((1633, 0.8796), (3522, 0.9018), (4971, 0.9097), (10319, 0.9233))
 FMNIST_SEED_SPREAD, FMNIST_BUDGET_S = 0.005, 1800
 

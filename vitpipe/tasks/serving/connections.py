@@ -87,7 +87,7 @@ class _Deadlines:
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing():
+        if not (self.transport.is_closing() or self._lingering):
             self._await_headers()  # the next request on this kept-alive connection
 
     def connection_lost(self, exc) -> None:
