@@ -58,3 +58,13 @@ def cfg_factory(tmp_path):
 
     yield factory
     GlobalHydra.instance().clear()
+
+
+@pytest.fixture
+def wandb_offline(monkeypatch):
+    """WANDB_MODE=offline for one test, with a fresh wandb process singleton: wandb freezes its settings (the
+    mode included) when a process first sets it up, so a test that ran earlier in this worker under the
+    suite's WANDB_MODE=disabled would keep this one's run from being written at all."""
+    wandb_setup = pytest.importorskip("wandb.sdk.wandb_setup")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setattr(wandb_setup, "_singleton", None)

@@ -164,7 +164,7 @@ def test_a_logger_that_cannot_finish_says_so_in_one_line(tmp_path, monkeypatch, 
 
 
 @pytest.mark.parametrize("how", ["nan-loss", "sigterm", "success"])
-def test_wandb_records_the_runs_exit_code(cfg_factory, monkeypatch, how):
+def test_wandb_records_the_runs_exit_code(cfg_factory, wandb_offline, how):
     """End to end, in wandb's own record of an offline run: a run that stops on a NaN loss or is
     pre-empted (SIGTERM, what Ctrl-C is relayed as) is finished with exit code 1 (wandb shows it as
     failed), a run that completes with 0."""
@@ -172,7 +172,6 @@ def test_wandb_records_the_runs_exit_code(cfg_factory, monkeypatch, how):
     from vitpipe.lit.nonfinite import NonFiniteLossError
     from vitpipe.tasks.train import train
 
-    monkeypatch.setenv("WANDB_MODE", "offline")
     stop = {"nan-loss": ["+callbacks.nan._target_=fault_injection.NaNLossOnRank", "+callbacks.nan.rank=0",
                          "+callbacks.nan.step=1"],
             "sigterm": ["+callbacks.kill._target_=fault_injection.SignalAtStep", "+callbacks.kill.step=1"],

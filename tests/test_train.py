@@ -278,9 +278,8 @@ def test_training_step_sees_mixed_images_and_soft_targets(cfg_factory, mixup):
         torch.testing.assert_close(loss, F.cross_entropy(logits, soft), rtol=1e-5, atol=1e-6)
 
 
-def test_wandb_offline_run_is_written_and_closed(cfg_factory, monkeypatch):
+def test_wandb_offline_run_is_written_and_closed(cfg_factory, wandb_offline):
     wandb = pytest.importorskip("wandb")
-    monkeypatch.setenv("WANDB_MODE", "offline")
     cfg = cfg_factory("debug=fast", "logger=[csv,wandb]", "test=false", "trainer.limit_train_batches=2")
     train(cfg)
     assert wandb.run is None  # finished, so the next job of a sweep starts its own run
