@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 import time
@@ -13,7 +14,13 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-import vitpipe.config.build  # noqa: F401  (registers the auto_precision resolver)
+# pytest-xdist (`-n auto` in pyproject's addopts): each worker gets an equal share of the cores for torch's threads,
+# set before torch starts its pool; the subprocesses a test starts inherit it unless the test sets its own
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if os.environ.get("PYTEST_XDIST_WORKER") and _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+
+import vitpipe.config.build  # noqa: E402, F401  (registers the auto_precision resolver)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -33,6 +40,58 @@ _CI_DEADLINE = os.environ.get("VITPIPE_CI_DEADLINE")
 def pytest_runtest_setup(item):
     if _CI_DEADLINE and time.time() > float(_CI_DEADLINE):
         pytest.skip(f"CI's time is up (VITPIPE_CI_DEADLINE); run it alone: python -m pytest -m slow '{item.nodeid}'")
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: the default suite runs on one worker per core (at most 4), so the single-threaded parts of
+    its tests (the subprocesses' start-up above all) overlap. Runs stay serial where parallel runs would change
+    what they measure or share: a marker expression other than the default's (the slow runs, faults and real
+    services that .ci/run times against its deadline) and runs of a single file or test."""
+    if config.option.markexpr != _DEFAULT_MARKEXPR:
+        return 0
+    files = {str(a).split("::")[0] for a in config.args}
+    if len(files) == 1 and next(iter(files)).endswith(".py"):
+        return 0
+    return min(os.cpu_count() or 1, 4)
+
+
+_DEFAULT_MARKEXPR = "not slow and not gpu and not slurm and not s3"  # pyproject's addopts
+
+
+def _room_locks():
+    """Two lock files shared by this run's xdist workers (None in a single process): a turnstile and the room."""
+    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not uid or _WORKERS < 2:
+        return None
+    folder = Path(tempfile.gettempdir()) / f"vitpipe-pytest-{uid}"
+    folder.mkdir(exist_ok=True)
+    return open(folder / "turnstile", "a+"), open(folder / "room", "a+")  # noqa: SIM115  (held for the session)
+
+
+_LOCKS = _room_locks()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test marked ``alone`` measures wall time (a budget, a deadline): under xdist it runs with no other test
+    beside it. Every test holds the room shared, an ``alone`` test holds it exclusively; the turnstile keeps a
+    waiting ``alone`` test from being starved by the other workers' next tests (a fair readers-writer lock)."""
+    if _LOCKS is None:
+        yield
+        return
+    turnstile, room = _LOCKS
+    alone = item.get_closest_marker("alone") is not None
+    fcntl.flock(turnstile, fcntl.LOCK_EX)
+    if alone:
+        fcntl.flock(room, fcntl.LOCK_EX)  # the other workers' running tests end; their next ones wait at the turnstile
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+    else:
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        fcntl.flock(room, fcntl.LOCK_SH)
+    try:
+        yield
+    finally:
+        fcntl.flock(room, fcntl.LOCK_UN)
 
 
 def make_cfg(tmp_path: Path, overrides: list[str] = (), config_name: str = "train") -> DictConfig:

@@ -365,6 +365,7 @@ def connect(n: int, port: int) -> dict[socket.socket, float]:
 HEADERS = b"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nX-Slow: "
 
 
+@pytest.mark.alone  # wall time measured: no other test beside it under xdist
 def test_slow_clients_are_closed_at_the_deadline_while_good_requests_are_answered():
     """30 clients dripping their headers a byte at a time and one dripping its body: a good /predict is
     answered meanwhile, before any slow one is closed, and the server answers each slow one 408 and closes
@@ -403,6 +404,7 @@ def test_slow_clients_are_closed_at_the_deadline_while_good_requests_are_answere
         assert ("header_timeout_s" if s in slow else "body_timeout_s") in detail, detail
 
 
+@pytest.mark.alone  # wall time measured: no other test beside it under xdist
 def test_one_connection_over_the_bound_is_refused_at_once():
     from vitpipe.tasks.serving.connections import guarded_protocol
 

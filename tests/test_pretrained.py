@@ -111,6 +111,7 @@ def _hub_noise(stderr: str) -> list[str]:
             if not line.startswith("vitpipe:") and ("huggingface" in line.lower() or "requesting" in line)]
 
 
+@pytest.mark.alone  # wall time measured: no other test beside it under xdist
 def test_pretrained_without_network_or_cache_fails_fast_in_one_line(tmp_path):
     """No HF_HUB_OFFLINE, no network, an empty cache: one attempt, no retry warnings, the one line."""
     start = time.monotonic()

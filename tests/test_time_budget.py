@@ -139,6 +139,7 @@ def _final_lr(run_dir: Path) -> float:
 BUDGET = 15.0
 
 
+@pytest.mark.alone  # wall time measured: no other test beside it under xdist
 def test_a_slowed_run_ends_within_its_budget_with_the_schedule_at_its_end(cfg_factory, capsys):
     cfg = cfg_factory(*PACED, f"trainer.time_budget={BUDGET:.0f}s", "trainer.max_epochs=-1")
     start = time.monotonic()
@@ -159,6 +160,7 @@ def test_a_slowed_run_ends_within_its_budget_with_the_schedule_at_its_end(cfg_fa
 
 
 @pytest.mark.slow  # ~15-20 s of paced training: .ci/run's slow single tests
+@pytest.mark.alone  # wall time measured: no other test beside it under xdist
 def test_a_sigterm_and_resume_keep_the_budget(cfg_factory, capsys):
     common = [*PACED, f"trainer.time_budget={BUDGET:.0f}s", "trainer.max_epochs=-1"]
     stopped = cfg_factory(*common, "+callbacks.kill._target_=fault_injection.SignalAtStep",
@@ -184,6 +186,7 @@ def test_a_sigterm_and_resume_keep_the_budget(cfg_factory, capsys):
     assert _final_lr(Path(resumed.paths.output_dir)) == pytest.approx(LR_MIN)
 
 
+@pytest.mark.alone  # wall time measured: no other test beside it under xdist
 def test_a_run_without_a_budget_says_how_long_it_will_take(cfg_factory, capsys):
     cfg = cfg_factory(*PACED, "trainer.max_epochs=3")
     start = time.monotonic()
@@ -199,6 +202,7 @@ def test_a_run_without_a_budget_says_how_long_it_will_take(cfg_factory, capsys):
 
 
 @pytest.mark.slow  # ~40 s of paced training in a subprocess
+@pytest.mark.alone  # wall time measured: no other test beside it under xdist
 def test_a_typed_command_ends_within_its_budget_start_up_included(tmp_path):
     """``python scripts/train.py trainer.time_budget=40s``: the command's whole wall time (Python, imports and
     Hydra before the run's first line, interpreter exit after it) is within 5% of the budget, because a typed
@@ -220,6 +224,7 @@ def test_a_typed_command_ends_within_its_budget_start_up_included(tmp_path):
 
 
 @pytest.mark.slow  # a 2-process gloo run (~35 s on 2 cores)
+@pytest.mark.alone  # wall time measured: no other test beside it under xdist
 def test_ddp_ranks_agree_on_one_plan_and_stop_together_within_the_budget(tmp_path):
     """Each rank measures its own pace; rank 0's plan is broadcast, so both ranks stop at the same
     step (a rank that stopped alone would hang the other in its next all-reduce: the timeout names it)."""
@@ -253,6 +258,7 @@ def test_max_epochs_stays_an_upper_bound_and_the_schedule_fits_it(cfg_factory, c
 
 
 @pytest.mark.slow  # ~15-20 s of paced training: .ci/run's slow single tests
+@pytest.mark.alone  # wall time measured: no other test beside it under xdist
 def test_a_pace_that_slows_mid_run_is_followed_without_a_jump_in_the_learning_rate(cfg_factory, capsys, tmp_path):
     """From step 60 each step sleeps 0.1 s instead of 0.03 s: the refits shrink the plan, the run
     still ends within 5% of its budget with the schedule at its end, and the learning rate never jumps:
