@@ -58,17 +58,18 @@ def pytest_xdist_auto_num_workers(config) -> int:
 _DEFAULT_MARKEXPR = "not slow and not gpu and not slurm and not s3"  # pyproject's addopts
 
 
-def _room_locks():
-    """Two lock files shared by this run's xdist workers (None in a single process): a turnstile and the room."""
-    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if not uid or _WORKERS < 2:
+_LOCKS: list = []
+
+
+def _room_locks(config) -> tuple | None:
+    """Two lock files shared by this run's xdist workers (None in one process): a turnstile and the room. They live
+    in the run's base temporary folder, the parent of each worker's own, which pytest removes with old runs."""
+    if _WORKERS < 2 or not os.environ.get("PYTEST_XDIST_WORKER"):
         return None
-    folder = Path(tempfile.gettempdir()) / f"vitpipe-pytest-{uid}"
-    folder.mkdir(exist_ok=True)
-    return open(folder / "turnstile", "a+"), open(folder / "room", "a+")  # noqa: SIM115  (held for the session)
-
-
-_LOCKS = _room_locks()
+    if not _LOCKS:
+        folder = config._tmp_path_factory.getbasetemp().parent
+        _LOCKS.extend(open(folder / f"vitpipe-{name}.lock", "a+") for name in ("turnstile", "room"))  # noqa: SIM115
+    return tuple(_LOCKS)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -76,10 +77,11 @@ def pytest_runtest_protocol(item, nextitem):
     """A test marked ``alone`` measures wall time (a budget, a deadline): under xdist it runs with no other test
     beside it. Every test holds the room shared, an ``alone`` test holds it exclusively; the turnstile keeps a
     waiting ``alone`` test from being starved by the other workers' next tests (a fair readers-writer lock)."""
-    if _LOCKS is None:
+    locks = _room_locks(item.config)
+    if locks is None:
         yield
         return
-    turnstile, room = _LOCKS
+    turnstile, room = locks
     alone = item.get_closest_marker("alone") is not None
     fcntl.flock(turnstile, fcntl.LOCK_EX)
     if alone:
