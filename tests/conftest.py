@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import tempfile
 import time
@@ -47,7 +48,7 @@ def pytest_xdist_auto_num_workers(config) -> int:
     its tests (the subprocesses' start-up above all) overlap. Runs stay serial where parallel runs would change
     what they measure or share: a marker expression other than the default's (the slow runs, faults and real
     services that .ci/run times against its deadline) and runs of a single file or test."""
-    if config.option.markexpr != _DEFAULT_MARKEXPR:
+    if config.option.markexpr != default_markexpr(config):
         return 0
     files = {str(a).split("::")[0] for a in config.args}
     if len(files) == 1 and next(iter(files)).endswith(".py"):
@@ -55,21 +56,20 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return min(os.cpu_count() or 1, 4)
 
 
-_DEFAULT_MARKEXPR = "not slow and not gpu and not slurm and not s3"  # pyproject's addopts
+def default_markexpr(config) -> str:
+    """The ``-m`` expression of pyproject's addopts: the default suite's selection."""
+    addopts = list(config.getini("addopts"))
+    return addopts[addopts.index("-m") + 1]
 
 
-_LOCKS: list = []
-
-
+@functools.cache
 def _room_locks(config) -> tuple | None:
     """Two lock files shared by this run's xdist workers (None in one process): a turnstile and the room. They live
     in the run's base temporary folder, the parent of each worker's own, which pytest removes with old runs."""
     if _WORKERS < 2 or not os.environ.get("PYTEST_XDIST_WORKER"):
         return None
-    if not _LOCKS:
-        folder = config._tmp_path_factory.getbasetemp().parent
-        _LOCKS.extend(open(folder / f"vitpipe-{name}.lock", "a+") for name in ("turnstile", "room"))  # noqa: SIM115
-    return tuple(_LOCKS)
+    folder = config._tmp_path_factory.getbasetemp().parent
+    return tuple(open(folder / f"vitpipe-{name}.lock", "a+") for name in ("turnstile", "room"))  # noqa: SIM115
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -4,6 +4,7 @@ beside them. Checked on a small suite of sleeping tests run by pytest in a subpr
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -71,15 +72,19 @@ def test_auto_workers_for_the_default_run_only():
     for a marker expression (the slow runs, real services) or a single file."""
     import conftest
 
+    (line,) = [line for line in (ROOT / "pyproject.toml").read_text().splitlines() if line.startswith("addopts = ")]
+    addopts = shlex.split(line.removeprefix("addopts = ").strip('"'))
+    assert "-n" in addopts and addopts[addopts.index("-n") + 1] == "auto"
+    default = "not slow and not gpu and not slurm and not s3"
+
     def workers(markexpr, *args):
-        config = types.SimpleNamespace(option=types.SimpleNamespace(markexpr=markexpr), args=list(args))
+        config = types.SimpleNamespace(option=types.SimpleNamespace(markexpr=markexpr), args=list(args),
+                                       getini=lambda name: addopts)
         return conftest.pytest_xdist_auto_num_workers(config)
 
-    (default,) = [line for line in (ROOT / "pyproject.toml").read_text().splitlines() if line.startswith("addopts = ")]
-    assert f"-m '{conftest._DEFAULT_MARKEXPR}'" in default and "-n auto" in default
     cores = min(os.cpu_count() or 1, 4)
-    assert workers(conftest._DEFAULT_MARKEXPR, "tests") == cores
-    assert workers(conftest._DEFAULT_MARKEXPR, "tests/test_vit.py", "tests/test_rollout.py") == cores
-    assert workers(conftest._DEFAULT_MARKEXPR, "tests/test_vit.py") == 0
-    assert workers(conftest._DEFAULT_MARKEXPR, "tests/test_vit.py::test_a", "tests/test_vit.py::test_b") == 0
+    assert workers(default, "tests") == cores
+    assert workers(default, "tests/test_vit.py", "tests/test_rollout.py") == cores
+    assert workers(default, "tests/test_vit.py") == 0
+    assert workers(default, "tests/test_vit.py::test_a", "tests/test_vit.py::test_b") == 0
     assert workers("slow", "tests") == 0 and workers("slurm or s3", "tests") == 0
