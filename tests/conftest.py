@@ -21,7 +21,7 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if os.environ.get("PYTEST_XDIST_WORKER") and _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
 
-import vitpipe.config.build  # noqa: E402, F401  (registers the auto_precision resolver)
+import vitpipe  # noqa: E402, F401  (registers the configs' resolvers: ${auto_precision:}, ${variant:...}, ...)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

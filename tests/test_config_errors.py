@@ -182,6 +182,23 @@ def test_unknown_key_through_the_real_cli_is_one_line_with_the_close_match(tmp_p
     assert not (tmp_path / "run").exists()  # stopped before Hydra made the run directory
 
 
+def test_a_command_line_mistake_is_printed_before_torch_loads(tmp_path):
+    """The command line is checked on Hydra and OmegaConf alone: importing vitpipe and composing the config
+    loads neither torch, Lightning nor timm (11 s of imports on a slow CPU), so a mistyped key is its one
+    line in about a second; the command's body is imported only once the line has passed."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom vitpipe.commands import run\ntry:\n    run('train', ['trainer.max_epoch=3'])\n"
+            "except SystemExit as e:\n    print('exit', e.code, sorted(m for m in ('torch', 'lightning', 'timm') "
+            "if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "exit 2 []", (r.stdout, r.stderr[-2000:])
+    (line,) = _vitpipe_lines(r.stderr)
+    assert line.startswith("vitpipe: error: trainer.max_epoch is not a key of trainer; did you mean"), line
+    assert list(tmp_path.iterdir()) == []  # no run directory, no outputs folder
+
+
 def test_unknown_key_in_a_multirun_is_the_same_line_and_no_sweep_starts(tmp_path):
     r = _train_cli("trainer.max_epoch=3,4", f"hydra.sweep.dir={tmp_path}/sweep", multirun=True, timeout=120)
     assert r.returncode == 2, r.stderr[-2000:]

@@ -87,13 +87,15 @@ def _run_hydra(cmd: Command, module: str, function: str, args: list[str]) -> int
                  "named like a shipped config, which Hydra finds first; give yours another name "
                  "(e.g. model/my_vit.yaml, then model=my_vit)")
         sys.exit(EXIT_CONFIG)
-    body = getattr(importlib.import_module(module), function)
     typed = list(sys.argv)
 
     @hydra_main(config_name=cmd.config)
     def task(cfg):
         # Lightning starts DDP ranks again from sys.argv: as typed (`vitpipe train ...`), not as Hydra read it
         sys.argv[:] = typed
+        # the body (torch, Lightning, ...) is imported once the command line has passed its check: a mistake
+        # there is printed in a second, not after the imports
+        body = getattr(importlib.import_module(module), function)
         result = run_cli(body, cfg)
         metric = cfg.get("optimized_metric")
         return result.get(metric) if metric and isinstance(result, dict) else None  # for Hydra sweepers (optuna)

@@ -25,14 +25,11 @@ def auto_precision() -> str:
 
     Decided by the compute capability, not ``torch.cuda.is_bf16_supported()``: with its default
     ``including_emulation=True`` that is also true on a V100 or T4, where bf16 is emulated and
-    several times slower than fp16."""
+    several times slower than fp16. The ``${auto_precision:}`` resolver (``vitpipe.config.resolvers``)."""
     if not torch.cuda.is_available():
         return "32-true"
     return "bf16-mixed" if torch.cuda.get_device_capability() >= (8, 0) else "16-mixed"
 
-
-if not OmegaConf.has_resolver("auto_precision"):
-    OmegaConf.register_new_resolver("auto_precision", auto_precision)
 
 
 def instantiate_checked(node: DictConfig, key: str, **kwargs):
@@ -59,7 +56,7 @@ VITPIPE_TRAINER_KEYS = ("time_budget",)  # trainer.* keys that are vitpipe's, no
 def build_trainer(node: DictConfig, **kwargs):
     """Lightning's ``Trainer`` from ``cfg.trainer``, without the keys vitpipe reads itself
     (``trainer.time_budget``: ``vitpipe.lit.time_budget``)."""
-    from omegaconf import OmegaConf, open_dict
+    from omegaconf import open_dict
 
     node = OmegaConf.create(OmegaConf.to_container(node, resolve=True)) if node is not None else node
     if node is not None:

@@ -27,7 +27,6 @@ import types
 import typing
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from vitpipe.errors import ConfigError
@@ -176,6 +175,8 @@ def _name(hint) -> str:
 
 def dry_build_optimizer(cfg: DictConfig) -> None:
     """Build the configured partial optimizer (and scheduler) on one dummy parameter."""
+    import torch  # here, not at import: the command-line check (vitpipe.tasks.cli) reads this module before torch loads
+
     module = cfg.get("module")
     node = module.get("optimizer") if isinstance(module, DictConfig) else None
     target = trusted_target(node) if isinstance(node, DictConfig) else None

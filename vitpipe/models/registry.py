@@ -9,7 +9,7 @@ the builders) is the one owner of what a name means. A row holds every construct
 variant departs from ``ViT``'s defaults (its dimensions, and e.g. vit_nano's fixed positions or the
 big variants' stochastic depth), and ``variant_kwargs(name)`` is the whole set. The Hydra model
 configs read it: conf/model/vit.yaml takes every ViT argument through ``${variant:${.name},<key>}``
-(``register_resolvers``), so ``model=vit_nano`` builds what ``create_model("vit_nano")`` builds, and
+(``vitpipe.config.resolvers``), so ``model=vit_nano`` builds what ``create_model("vit_nano")`` builds, and
 a new variant is one line in variants.py plus a two-line conf/model/<name>.yaml (``defaults: [vit]``,
 ``name: <name>``).
 
@@ -101,14 +101,6 @@ def variant_value(name: str, key: str):
     if key not in table:
         raise ValueError(f"variant {name} has no {key!r}; its builder takes {', '.join(table)}")
     return table[key]
-
-
-def register_resolvers() -> None:
-    """``${variant:name,key}`` for the model configs (called when vitpipe is imported)."""
-    from omegaconf import OmegaConf
-
-    if not OmegaConf.has_resolver("variant"):
-        OmegaConf.register_new_resolver("variant", variant_value)
 
 
 def create_model(name: str, *, pretrained: bool | str | None = None, pretrained_head: bool = True,

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+CHECKPOINTS = "checkpoints"  # <run>/checkpoints/: ModelCheckpoint's dirpath in conf/callbacks/default.yaml
+
 LIVE_FILE = ".running"
 _held: dict[str, int] = {}  # lock file -> its open fd, while this process holds it
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vitpipe.errors import ConfigError
+from vitpipe.run.dirs import CHECKPOINTS
 from vitpipe.run.files import remove_stale_temp_files, remove_stale_temps_below
-from vitpipe.run.paths import CHECKPOINTS
 
 NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits, where the file system does not say
 

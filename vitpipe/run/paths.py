@@ -39,10 +39,8 @@ from torch import nn
 
 from vitpipe.config.shipped import CONF_DIR  # the shipped Hydra configs (checkout or wheel)
 from vitpipe.errors import ConfigError
-from vitpipe.run.dirs import is_live
+from vitpipe.run.dirs import CHECKPOINTS, is_live
 from vitpipe.run.stored import STATE_DICT, config_in, net_shapes, peek, recorded_best
-
-CHECKPOINTS = "checkpoints"  # <run>/checkpoints/: ModelCheckpoint's dirpath in conf/callbacks/default.yaml
 
 
 def default_paths() -> DictConfig:

@@ -18,18 +18,14 @@ import sys
 from pathlib import Path
 
 import hydra
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from vitpipe.config.checks import check_wandb_login, did_you_mean
 from vitpipe.config.shipped import CONF_DIR, CONFIG_PATH
 from vitpipe.errors import ConfigError
-from vitpipe.lit.classifier import NonFiniteLossError
-from vitpipe.lit.preemption.signals import SecondInterrupt
 from vitpipe.run.files import DiskFullError, disk_full_cause, remove_stale_temps_below
 from vitpipe.run.outputs import check_not_input, check_writable, name_too_long, named_checkpoint_inputs
-from vitpipe.run.paths import run_dir_of
 
 EXIT_CONFIG, EXIT_NONFINITE, EXIT_DISK_FULL = 2, 3, 74
 
@@ -253,6 +249,13 @@ def say_once(line: str) -> None:
 
 
 def run_cli(fn, cfg):
+    # imported here, not with this module: a command line is checked (command_line_mistake) before torch
+    # and Lightning load, and the command's body has loaded them by the time these can be raised
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from vitpipe.lit.classifier import NonFiniteLossError
+    from vitpipe.lit.preemption.signals import SecondInterrupt
+
     clean_run_dir(cfg)
     try:
         return fn(cfg)
@@ -292,7 +295,8 @@ def clean_run_dir(cfg) -> None:
         remove_stale_temps_below(out)
 
 
-def stop_message(e: SIGTERMException) -> str:
+def stop_message(e) -> str:
+    """The line of a run stopped by Lightning's SIGTERMException ``e`` (a signal we handle)."""
     name = signal.Signals(getattr(e, "vitpipe_signal", signal.SIGTERM)).name
     saved = getattr(e, "vitpipe_checkpoint", None)
     if saved and getattr(e, "vitpipe_requeue", None) is not None:
@@ -315,6 +319,8 @@ def disk_full_message(e: OSError) -> str:
     if path.suffix != ".ckpt":
         return (f"{e.strerror} writing {where}; the partial file was removed and what was there before is "
                 "untouched: free space, then rerun the command")
+    from vitpipe.run.paths import run_dir_of
+
     saved = sorted(p.name for p in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
     if not saved:
         return (f"{e.strerror} writing {where} (the partial file was removed); no checkpoint had been saved, so "
