@@ -8,6 +8,7 @@ middle and ``ckpt_path`` resumes it.
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import signal
@@ -184,6 +185,20 @@ def test_a_sigterm_and_resume_keep_the_budget(cfg_factory, capsys):
     assert 0.95 * BUDGET <= first + second <= 1.05 * BUDGET, out
     assert metrics["time/run_s"] == pytest.approx(state["elapsed_s"] + second, abs=0.5)
     assert _final_lr(Path(resumed.paths.output_dir)) == pytest.approx(LR_MIN)
+
+
+@pytest.mark.parametrize(("max_steps", "validated"), [(50, [41, 50]), (82, [41, 82])])
+def test_max_steps_inside_an_epoch_validates_the_schedules_end_before_the_test(cfg_factory, max_steps, validated):
+    """``trainer.max_steps=50`` on digits (41 steps an epoch): the run validates and checkpoints at step 50 too,
+    not only at the end of epoch 0, so the test can take the weights of the schedule's end (Lightning alone
+    ends at step 50 without a validation); at an epoch's end (82) it validates once there, not twice."""
+    cfg = cfg_factory(*QUIET, "trainer.max_epochs=-1", f"trainer.max_steps={max_steps}")
+    metrics = train(cfg)
+    with open(Path(cfg.paths.output_dir) / "history.csv", newline="") as f:
+        rows = list(csv.DictReader(f))  # a row per epoch, val/acc empty where no validation ran
+    assert [int(r["step"]) for r in rows if r["val/acc"]] == validated, rows
+    best = max(float(r["val/acc"]) for r in rows if r["val/acc"])
+    assert metrics["val/acc_best"] == pytest.approx(best, abs=1e-5)  # the test's checkpoint is chosen among both
 
 
 @pytest.mark.alone  # wall time measured: no other test beside it under xdist

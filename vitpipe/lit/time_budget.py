@@ -19,6 +19,10 @@ cuts a cosine schedule short; here the schedule is *fitted* to the time instead 
 5. at the planned step the run stops (``trainer.should_stop``: Lightning validates, checkpoints, and the
    test follows) with the schedule at its end (progress 1: the scheduler's final learning rate).
 
+With or without a budget, a run that reaches ``trainer.max_steps`` inside an epoch stops the same way, so
+its last steps are validated before the test picks the best checkpoint (Lightning itself stops there
+without a validation).
+
 The elapsed time and the plan are this callback's state in every checkpoint, so a run resumed after a
 SIGTERM or a SLURM requeue continues the same budget (the time between the kill and the resume is not
 the run's). Under DDP every rank measures, and rank 0's plan is broadcast at the same steps on all
@@ -140,6 +144,11 @@ class TrainingClock(L.Callback):
             self.step_s = self._agree(trainer, pace)
             self._last_fit = step
             self._plan(trainer, step, first=False)
+        if trainer.max_steps is not None and 0 < trainer.max_steps <= step:
+            # Lightning ends a fit at max_steps without validating when that step is inside an epoch: the
+            # schedule's end would never be checkpointed as the best, and the test would take the last
+            # epoch's weights. A stop request makes it validate (and checkpoint) there first.
+            trainer.should_stop = True
         if self.budget_s is None or self.total is None:
             return
         if step >= self.total:
