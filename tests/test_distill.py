@@ -293,3 +293,76 @@ def test_a_timm_cnn_teacher_trained_by_vitpipe_distils_into_a_dist_token_vit(tmp
     viz = make_cfg(tmp_path / "viz", [f"ckpt_path={teacher_run}", "images=test"], config_name="visualize")
     with pytest.raises(ConfigError, match="attention maps need a vitpipe ViT; .* holds a ResNet$"):
         visualize(viz)  # a CNN has no attention to show: one line
+
+
+def _fit_student(cfg_factory, teacher: Path, *, precompute: bool, steps: int = 6):
+    from vitpipe.run.build import build_from_config
+
+    cfg = cfg_factory("debug=fast", "logger=none", "data.crop_padding=0", "data.hflip=true",
+                      f"module.distill.teacher={teacher}", "module.distill.type=soft",
+                      f"module.distill.precompute={str(precompute).lower()}", sub=f"student-{precompute}")  # fmt: skip
+    torch.manual_seed(0)
+    dm, net, m = build_from_config(cfg)
+    L.seed_everything(0)
+    trainer = L.Trainer(accelerator="cpu", max_steps=steps, max_epochs=-1, limit_train_batches=None, limit_val_batches=0,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(m, dm)
+    return net, dm, m
+
+
+def test_precomputed_targets_train_the_student_as_the_teacher_run_each_step(tmp_path, cfg_factory):
+    """``module.distill.precompute=true``: the teacher's logits of every training image and its mirror, computed
+    before the first step, are what the teacher gives on each view, and a fit that reads them ends with the
+    weights of the fit that runs the teacher on every batch (same seed, same flips: only the batch the teacher
+    saw differs, so float rounding)."""
+    ckpt = checkpoint("sincos2d", tmp_path)
+    online, _, _ = _fit_student(cfg_factory, ckpt, precompute=False)
+    stored, dm, m = _fit_student(cfg_factory, ckpt, precompute=True)
+    targets = dm.data_train.targets
+    images = dm.data_train.images
+    assert targets.shape == (len(images), 2, 10) and targets.dtype == torch.float32
+    with torch.no_grad():
+        plain = m.teacher(dm.augment_batch(images[:8], train=False))
+        mirrored = m.teacher(dm.augment_batch(images[:8].flip(-1), train=False))
+    assert torch.allclose(targets[:8, 0], plain, atol=1e-5) and torch.allclose(targets[:8, 1], mirrored, atol=1e-5)
+    assert not torch.allclose(plain, mirrored, atol=1e-3)  # the two views differ: the flip picks one
+    for (name, a), b in zip(online.state_dict().items(), stored.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-5), name
+
+
+def test_precomputed_targets_are_read_back_only_under_their_own_key(tmp_path):
+    from vitpipe.lit.distill import cached_targets
+
+    calls = []
+
+    def compute(value: float, n: int = 4):
+        calls.append(value)
+        return torch.full((n, 2, 3), value)
+
+    assert torch.equal(cached_targets(tmp_path, "k", lambda: compute(1.0), (4, 2, 3)), torch.ones(4, 2, 3))
+    assert torch.equal(cached_targets(tmp_path, "k", lambda: compute(2.0), (4, 2, 3)), torch.ones(4, 2, 3))
+    assert calls == [1.0]  # the second read the file
+    assert [p.name for p in tmp_path.iterdir()] == ["k.safetensors"]  # no temporary file left
+    assert torch.equal(cached_targets(tmp_path, "other", lambda: compute(2.0), (4, 2, 3)), torch.full((4, 2, 3), 2.0))
+    assert cached_targets(tmp_path, "k", lambda: compute(4.0, n=5), (5, 2, 3)).shape == (5, 2, 3)  # another shape
+    (tmp_path / "k.safetensors").write_bytes(b"not a safetensors file")  # broken: computed afresh, rewritten
+    assert torch.equal(cached_targets(tmp_path, "k", lambda: compute(3.0), (4, 2, 3)), torch.full((4, 2, 3), 3.0))
+    assert torch.equal(cached_targets(tmp_path, "k", lambda: compute(5.0), (4, 2, 3)), torch.full((4, 2, 3), 3.0))
+    assert calls == [1.0, 2.0, 4.0, 3.0]
+
+
+@pytest.mark.parametrize(("override", "match"), [
+    ("data.crop_padding=2", r"data.crop_padding=2 makes other views; set data.crop_padding=0"),
+    ("data.random_erasing=0.25", r"data.random_erasing=0.25 makes other views"),
+    ("module.mixup={mixup_alpha:0.8}", r"module.mixup=null or module.distill.precompute=false"),
+    ("data.fast_path=false", r"needs a data set held in memory \(data.fast_path=true"),
+])
+def test_precompute_refuses_views_it_has_no_logits_for_before_data_loads(cfg_factory, override, match):
+    from vitpipe.config.preflight import check_config
+
+    base = ["debug=fast", "logger=none", "data=fashion_mnist", "data.crop_padding=0",
+            "module.distill.teacher=t.safetensors", "module.distill.precompute=true"]
+    check_config(cfg_factory(*base))
+    with pytest.raises(ConfigError, match=match) as err:
+        check_config(cfg_factory(*base, override, sub="bad"))
+    assert "\n" not in str(err.value)

@@ -58,6 +58,7 @@ def check_config(cfg: DictConfig) -> None:
     check_labels_used(cfg)
     check_naflex_module(cfg)
     check_multilabel(cfg)
+    check_precomputed_targets(cfg)
     try:
         model_n, data_n = cfg.model.get("num_classes"), cfg.data.get("num_classes")
     except MissingMandatoryValue as e:
@@ -266,6 +267,22 @@ def check_naflex_module(cfg: DictConfig) -> None:
         if on:
             raise ConfigError(f"data.naflex.enabled=true feeds patch dicts: {key} needs whole images; "
                               f"set {key}=null or data.naflex.enabled=false")
+
+
+def check_precomputed_targets(cfg: DictConfig) -> None:
+    """``module.distill.precompute=true`` with a teacher: the training views must be the images or their
+    mirrors (``vitpipe.lit.distill.check_precompute``), checked before data loads."""
+    from vitpipe.lit.distill import check_precompute
+
+    data, module = cfg.get("data"), cfg.get("module")
+    distill = module.get("distill") if isinstance(module, DictConfig) else None
+    if not isinstance(distill, DictConfig) or distill.get("teacher") is None or not distill.get("precompute"):
+        return
+    if not isinstance(data, DictConfig) or not data.get("fast_path", False):
+        name = str(data.get("_target_", "?") if isinstance(data, DictConfig) else "?").rsplit(".", 1)[-1]
+        raise ConfigError(f"module.distill.precompute=true needs a data set held in memory (data.fast_path=true: digits, "
+                          f"fashion_mnist, cifar10, cifar100), not {name}; set module.distill.precompute=false")
+    check_precompute(data, module.get("mixup"))
 
 
 def check_multilabel(cfg: DictConfig) -> None:

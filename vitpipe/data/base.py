@@ -30,7 +30,7 @@ from vitpipe.data.fast import (
     TensorImageDataset,
     identity_collate,
     random_crop,
-    random_hflip,
+    random_hflip_flags,
     random_resized_crop,
     to_model_input,
 )
@@ -271,8 +271,13 @@ class ClassificationDataModule(L.LightningDataModule):
             return batch
         if self.naflex is not None:
             return self.naflex_input.batch(*batch)
-        x, y = batch
         train = self.trainer is None or self.trainer.training
+        if len(batch) == 3:  # a teacher's precomputed logits per view (vitpipe.lit.distill): the one the student sees
+            x, y, t = batch
+            x, flipped = self._augment(x, train)
+            view = flipped.long() if flipped is not None else torch.zeros(len(y), dtype=torch.long, device=t.device)
+            return x, y, t[torch.arange(len(y), device=t.device), view.to(t.device)]
+        x, y = batch
         return self.augment_batch(x, train), y
 
     def state_dict(self) -> dict:
@@ -289,7 +294,11 @@ class ClassificationDataModule(L.LightningDataModule):
         Under a fit loop the crops and flips come from the resume state's generator (the same
         after a resume, different per rank); otherwise (a benchmark) from the global RNG.
         """
-        gen = None
+        return self._augment(x, train)[0]
+
+    def _augment(self, x: Tensor, train: bool) -> tuple[Tensor, Tensor | None]:
+        """``augment_batch`` and which images it mirrored ((B,) bool; None: no flips drawn)."""
+        gen, flipped = None, None
         if train and self.augment:
             observed = self.resume.observe(self.trainer)
             gen = self.resume.generator(x.device, self.trainer.global_rank) if observed else None
@@ -299,13 +308,13 @@ class ClassificationDataModule(L.LightningDataModule):
             else:
                 x = random_crop(x, self.crop_padding, gen)
             if self.hflip:
-                x = random_hflip(x, generator=gen)
+                x, flipped = random_hflip_flags(x, generator=gen)
         x = to_model_input(
             x, img_size=self.img_size, mean=self.mean, std=self.std, out_chans=self.in_chans, antialias=self.antialias
         )
         if train and self.augment and self.random_erasing > 0:  # never with augment=mae (refused)
             x = random_erasing(x, self.random_erasing, generator=gen)  # same generator: exact resume holds
-        return x
+        return x, flipped
 
     def transform(self, train: bool):
         """The standard path's per-image torchvision v2 pipeline for a split."""

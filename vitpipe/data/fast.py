@@ -25,6 +25,9 @@ class TensorImageDataset(Dataset):
     ``__getitems__`` returns a whole batch ``(x (B, C, H, W) uint8, y (B,) int64)``; torch's
     DataLoader calls it with the sampler's indices, so ShardedSampler (vitpipe.data.sampler)
     shards it like any map-style data set. Pair it with ``collate_fn=identity_collate``.
+
+    ``targets`` (optional, float (N, V, C)): a distillation teacher's logits of each image's V views
+    (``vitpipe.lit.distill.teacher_targets``: the image, its mirror); when set, a batch is ``(x, y, t)``.
     """
 
     def __init__(self, images: Tensor, labels: Tensor):
@@ -34,15 +37,25 @@ class TensorImageDataset(Dataset):
             raise ValueError(f"labels must be int64 ({images.shape[0]},), got {labels.dtype} {tuple(labels.shape)}")
         self.images = images
         self.labels = labels
+        self.targets: Tensor | None = None
+
+    def set_targets(self, targets: Tensor | None) -> None:
+        if targets is not None and (targets.ndim != 3 or targets.shape[0] != len(self)):
+            raise ValueError(f"targets must be ({len(self)}, views, classes), got {tuple(targets.shape)}")
+        self.targets = targets
 
     def __len__(self) -> int:
         return self.images.shape[0]
 
-    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+    def __getitem__(self, index: int) -> tuple[Tensor, ...]:
+        if self.targets is not None:
+            return self.images[index], self.labels[index], self.targets[index]
         return self.images[index], self.labels[index]
 
-    def __getitems__(self, indices: Sequence[int]) -> tuple[Tensor, Tensor]:
+    def __getitems__(self, indices: Sequence[int]) -> tuple[Tensor, ...]:
         idx = torch.as_tensor(indices, dtype=torch.long)
+        if self.targets is not None:
+            return self.images[idx], self.labels[idx], self.targets[idx]
         return self.images[idx], self.labels[idx]
 
 
@@ -73,8 +86,13 @@ def random_crop(x: Tensor, padding: int, generator: torch.Generator | None = Non
 
 def random_hflip(x: Tensor, p: float = 0.5, generator: torch.Generator | None = None) -> Tensor:
     """Flip each sample left-right with probability ``p``. x: (B, C, H, W)."""
+    return random_hflip_flags(x, p, generator)[0]
+
+
+def random_hflip_flags(x: Tensor, p: float = 0.5, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """``random_hflip`` that also says which samples it flipped: (x, flipped (B,) bool)."""
     flip = torch.rand(x.shape[0], device=x.device, generator=generator) < p  # (B,)
-    return torch.where(flip[:, None, None, None], x.flip(-1), x)
+    return torch.where(flip[:, None, None, None], x.flip(-1), x), flip
 
 
 def to_model_input(

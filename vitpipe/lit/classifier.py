@@ -15,15 +15,29 @@ trains one sigmoid per class on multi-hot targets (B, C) (BCE or ASL; mAP, F1, p
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torchmetrics import MaxMetric, MeanMetric
 
+from vitpipe.data.fast import TensorImageDataset
 from vitpipe.data.naflex import loss_scale
 from vitpipe.errors import ConfigError
 from vitpipe.kinds.registry import classifier_kind
-from vitpipe.lit.distill import check_distill, combine, load_teacher, teacher_input
+from vitpipe.lit.distill import (
+    cached_targets,
+    check_distill,
+    check_precompute,
+    combine,
+    load_teacher,
+    targets_key,
+    teacher_input,
+    teacher_targets,
+)
 from vitpipe.lit.finetune import FineTuning, add_probe_bn, check_finetune
 from vitpipe.lit.footprint import Footprint
 from vitpipe.lit.nonfinite import NonFiniteGuard, NonFiniteLossError, check_policy
@@ -190,12 +204,38 @@ class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Li
     def on_fit_start(self) -> None:
         if self.teacher is not None:
             self.teacher.to(self.device)
+            if self.distill["precompute"]:
+                self._precompute_targets()
+
+    def _precompute_targets(self) -> None:
+        """The teacher's logits of every training image and its mirror, once, into the training split
+        (``module.distill.precompute``; ``vitpipe.lit.distill``): each step then reads its views' logits."""
+        dm = getattr(self.trainer, "datamodule", None)
+        data = getattr(dm, "data_train", None)
+        if not isinstance(data, TensorImageDataset):
+            raise ConfigError("module.distill.precompute=true needs a data set held in memory (digits, fashion_mnist, "
+                              f"cifar10, cifar100; not {type(dm).__name__}): set module.distill.precompute=false")
+        check_precompute({"augment": dm.augment, "crop_padding": dm.crop_padding, "random_erasing": dm.random_erasing,
+                          "auto_augment": dm.auto_augment}, self.mixup)  # preflight checked the config; this, the objects
+        transform = {"img_size": list(dm.img_size), "mean": list(dm.mean), "std": list(dm.std),
+                     "in_chans": dm.in_chans, "antialias": dm.antialias}
+        mirror = bool(dm.augment) and dm.hflip
+        shape = (len(data), 2 if mirror else 1, self.net.num_classes)
+        key = targets_key(self.teacher, data.images, transform, shape[1])
+        folder = Path(dm.root) / "teacher_targets" if getattr(dm, "root", None) else None
+        start = time.perf_counter()
+        logits = cached_targets(folder, key, lambda: teacher_targets(
+            self.teacher, data.images, lambda x: dm.augment_batch(x, train=False), mirror=mirror,
+            batch_size=dm.eval_batch_size, device=self.device), shape)  # fmt: skip
+        data.set_targets(logits)
+        rank_zero_info(f"vitpipe: distillation targets of {shape[0]:,} images x {shape[1]} view(s) ready in "
+                       f"{time.perf_counter() - start:.0f} s ({folder / (key + '.safetensors') if folder else 'not cached'})")
 
     def on_train_start(self) -> None:
         self.val_acc_best.reset()  # sanity-check steps must not count
 
     def training_step(self, batch, batch_idx: int):
-        x, y = batch
+        x, y, *stored = batch  # stored: the teacher's precomputed logits of these views (module.distill.precompute)
         if isinstance(x, dict):  # NaFlex patch dicts (vitpipe.data.naflex): no mixup/distillation (refused)
             logits = self.net(x)
             loss = self._loss(logits, y, mixed=False)
@@ -216,9 +256,12 @@ class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Li
             loss = self._loss(logits, y, mixed=False)
             self._train_acc(logits, y)
         if self.teacher is not None:
-            with torch.no_grad():
-                # (B, C), on the same (mixed) images, at the teacher's input size
-                teacher_logits = self.teacher(teacher_input(x, self.teacher.img_size))
+            if stored:
+                teacher_logits = stored[0]
+            else:
+                with torch.no_grad():
+                    # (B, C), on the same (mixed) images, at the teacher's input size
+                    teacher_logits = self.teacher(teacher_input(x, self.teacher.img_size))
             d = self.distill
             loss = combine(loss, dist_logits, teacher_logits, type=d["type"], alpha=d["alpha"], tau=d["tau"])
         return self.finish_training_step(loss, batch_idx)

@@ -19,13 +19,25 @@ The teacher runs frozen, in eval mode, under no_grad, on the same (mixed) batch 
 resized bilinearly to its input size as the data module resizes (``teacher_input``). It
 is loaded when a fit starts (``load_teacher``), kept outside the LightningModule's module tree: it
 is in no optimizer, no checkpoint and no DDP wrapper, and eval/predict/export never load it.
+
+``precompute: true`` computes the teacher's logits once, before the first step, for every training image
+as it is and mirrored (``teacher_targets``), and each step reads those of the view the student sees
+instead of running the teacher (FKD, Shen & Xing 2022, stores a teacher's soft labels the same way):
+the same targets at no cost per step. That holds only where a training view is the image or its mirror:
+random crops, erasing, RandAugment and mixup are refused (``check_precompute``), and the data must be
+held in memory (the fast path: digits, Fashion-MNIST, CIFAR). The logits are kept in
+``<data.root>/teacher_targets/<key>.safetensors``, the key a SHA-256 of the teacher's weights, the images
+and their input transform, so a changed teacher or split is computed afresh, never read from an old file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -34,14 +46,15 @@ from vitpipe.models.timm_model import plain_kwargs
 
 TYPES = ("soft", "hard")
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
-KEYS = {"teacher", "arch", "kwargs", "img_size", "type", "alpha", "tau"}
+KEYS = {"teacher", "arch", "kwargs", "img_size", "type", "alpha", "tau", "precompute"}
 
 
 def check_distill(distill: dict | None) -> dict | None:
     """The validated settings, or None when distillation is off (no teacher)."""
     if not distill or distill.get("teacher") in (None, ""):
         return None
-    cfg = {"arch": None, "kwargs": None, "img_size": None, "type": "soft", "alpha": 0.5, "tau": 1.0, **dict(distill)}
+    cfg = {"arch": None, "kwargs": None, "img_size": None, "type": "soft", "alpha": 0.5, "tau": 1.0, "precompute": False,
+           **dict(distill)}
     if set(cfg) - KEYS:
         raise ConfigError(f"module.distill has unknown keys {sorted(set(cfg) - KEYS)}; valid: {sorted(KEYS)}")
     if cfg["type"] not in TYPES:
@@ -50,10 +63,82 @@ def check_distill(distill: dict | None) -> dict | None:
         raise ConfigError(f"module.distill.alpha={cfg['alpha']!r}: use a weight in [0, 1] (DeiT: 0.5)")
     if not float(cfg["tau"]) > 0:
         raise ConfigError(f"module.distill.tau={cfg['tau']!r}: use a temperature > 0 (DeiT soft: 1.0)")
+    if not isinstance(cfg["precompute"], bool):
+        raise ConfigError(f"module.distill.precompute={cfg['precompute']!r}: use true or false")
     size = None if cfg["img_size"] is None else to_hw(cfg["img_size"], "module.distill.img_size")
     return {**cfg, "teacher": str(cfg["teacher"]), "alpha": float(cfg["alpha"]), "tau": float(cfg["tau"]),
             "kwargs": None if cfg["kwargs"] is None else plain_kwargs(cfg["kwargs"], "module.distill.kwargs"),
             "img_size": size}  # kwargs None: a weights file's metadata says them (load_teacher)
+
+
+def check_precompute(data: dict, mixup) -> None:
+    """Precomputed targets fit a training view only if it is the image or its mirror: a setting that makes
+    other views (``data``'s crop padding, random erasing, RandAugment, the MAE crops; ``mixup``) is refused."""
+    if mixup:
+        raise ConfigError("module.distill.precompute=true stores the teacher's logits of unmixed images; "
+                          "set module.mixup=null or module.distill.precompute=false")
+    if not data.get("augment", True):
+        return  # no augmentation: every view is the image itself
+    others = {"crop_padding": 0, "random_erasing": 0.0, "auto_augment": None}
+    for key, off in others.items():
+        value = data.get(key, off)
+        if value not in (off, None, "none", 0):
+            raise ConfigError(f"module.distill.precompute=true stores the teacher's logits of each image and its mirror, "
+                              f"but data.{key}={value} makes other views; set data.{key}={off if off is not None else 'null'} "
+                              "or module.distill.precompute=false")
+    if data.get("augment") == "mae":
+        raise ConfigError("module.distill.precompute=true cannot follow data.augment=mae's random crops; "
+                          "set module.distill.precompute=false")
+
+
+def targets_key(teacher: nn.Module, images: Tensor, transform: dict, views: int) -> str:
+    """The SHA-256 naming a set of precomputed targets: the teacher's weights and input size, the images
+    (uint8), their input transform (``transform``: size, mean, std, ...) and the number of views."""
+    h = hashlib.sha256()
+    for name, value in teacher.state_dict().items():
+        h.update(name.encode())
+        h.update(value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+    h.update(json.dumps({"teacher_size": list(getattr(teacher, "img_size", None) or []), "views": views,
+                         "transform": transform, "images": list(images.shape)}, sort_keys=True).encode())
+    h.update(images.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+@torch.no_grad()
+def teacher_targets(teacher: nn.Module, images: Tensor, to_input: Callable[[Tensor], Tensor], *, mirror: bool,
+                    batch_size: int = 500, device: torch.device | str = "cpu") -> Tensor:
+    """The teacher's logits (N, V, C), float32, of ``images`` (uint8 (N, C, h, w)) as they are (view 0) and,
+    with ``mirror``, flipped left-right (view 1); ``to_input`` makes a uint8 batch the student's input
+    (the data module's evaluation transform), which the teacher sees resized to its own size."""
+    from tqdm.auto import tqdm
+
+    out = []
+    for i in tqdm(range(0, len(images), batch_size), desc="teacher targets", unit="batch", leave=False):
+        xb = images[i:i + batch_size].to(device)
+        views = (xb, xb.flip(-1)) if mirror else (xb,)
+        out.append(torch.stack([teacher(teacher_input(to_input(v), teacher.img_size)).float() for v in views], 1).cpu())
+    return torch.cat(out)
+
+
+def cached_targets(folder: Path | None, key: str, compute: Callable[[], Tensor], shape: tuple[int, ...]) -> Tensor:
+    """``compute()``'s targets, read from ``folder/<key>.safetensors`` when a file of that name and
+    ``shape`` is there, else computed and written there (a temporary file and a rename)."""
+    from safetensors.torch import load_file, save
+
+    from vitpipe.run.files import atomic_write
+
+    path = None if folder is None else Path(folder) / f"{key}.safetensors"
+    if path is not None and path.is_file():
+        try:
+            found = load_file(str(path))["logits"]
+        except Exception:  # noqa: BLE001 - unreadable (a disk error, a foreign file): computed afresh below
+            found = None
+        if found is not None and tuple(found.shape) == shape and found.dtype == torch.float32:
+            return found
+    logits = compute()
+    if path is not None:
+        atomic_write(path, lambda f: f.write(save({"logits": logits.contiguous()})))
+    return logits
 
 
 def teacher_input(x: Tensor, size: tuple[int, int] | None) -> Tensor:
