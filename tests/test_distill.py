@@ -366,3 +366,24 @@ def test_precompute_refuses_views_it_has_no_logits_for_before_data_loads(cfg_fac
     with pytest.raises(ConfigError, match=match) as err:
         check_config(cfg_factory(*base, override, sub="bad"))
     assert "\n" not in str(err.value)
+
+
+def test_the_targets_key_reads_every_weight_and_buffer_of_a_batchnorm_teacher():
+    """The shipped teacher is a ResNet: its BatchNorm counters are 0-dim buffers, and any weight, the images or
+    the input transform changing gives another key (so a cached file of another teacher is never read)."""
+    from vitpipe.lit.distill import targets_key
+    from vitpipe.models.timm_model import create_timm_model
+
+    teacher = create_timm_model("resnet10t", num_classes=10, in_chans=1, kwargs={"channels": [8, 8, 8, 8]}).eval()
+    images = torch.randint(0, 255, (6, 1, 8, 8), dtype=torch.uint8)
+    key = targets_key(teacher, images, {"img_size": [8, 8]}, 2)
+    assert key == targets_key(teacher, images.clone(), {"img_size": [8, 8]}, 2) and len(key) == 64
+    other = copy.deepcopy(teacher)
+    with torch.no_grad():
+        other.fc.bias[0] += 1e-3
+    changed = images.clone()
+    changed[0, 0, 0, 0] ^= 1
+    size = {"img_size": [8, 8]}
+    keys = {key, targets_key(other, images, size, 2), targets_key(teacher, changed, size, 2),
+            targets_key(teacher, images, {"img_size": [12, 12]}, 2), targets_key(teacher, images, size, 1)}
+    assert len(keys) == 5

@@ -97,7 +97,7 @@ def targets_key(teacher: nn.Module, images: Tensor, transform: dict, views: int)
     h = hashlib.sha256()
     for name, value in teacher.state_dict().items():
         h.update(name.encode())
-        h.update(value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+        h.update(value.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())  # 0-dim buffers too (BN counts)
     h.update(json.dumps({"teacher_size": list(getattr(teacher, "img_size", None) or []), "views": views,
                          "transform": transform, "images": list(images.shape)}, sort_keys=True).encode())
     h.update(images.contiguous().numpy().tobytes())
