@@ -244,3 +244,23 @@ def _first_line(e: BaseException) -> str:
     while e.__cause__ is not None and type(e).__name__ == "InstantiationException":
         e = e.__cause__
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+
+
+def check_precompute(data: dict, mixup) -> None:
+    """Precomputed targets fit a training view only if it is the image or its mirror: a setting that makes
+    other views (``data``'s crop padding, random erasing, RandAugment, the MAE crops; ``mixup``) is refused."""
+    if mixup:
+        raise ConfigError("module.distill.precompute=true stores the teacher's logits of unmixed images; "
+                          "set module.mixup=null or module.distill.precompute=false")
+    if not data.get("augment", True):
+        return  # no augmentation: every view is the image itself
+    others = {"crop_padding": 0, "random_erasing": 0.0, "auto_augment": None}
+    for key, off in others.items():
+        value = data.get(key, off)
+        if value not in (off, None, "none", 0):
+            raise ConfigError(f"module.distill.precompute=true stores the teacher's logits of each image and its mirror, "
+                              f"but data.{key}={value} makes other views; set data.{key}={off if off is not None else 'null'} "
+                              "or module.distill.precompute=false")
+    if data.get("augment") == "mae":
+        raise ConfigError("module.distill.precompute=true cannot follow data.augment=mae's random crops; "
+                          "set module.distill.precompute=false")

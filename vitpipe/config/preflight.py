@@ -30,7 +30,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from vitpipe.config.checks import check_arguments, check_wandb_login, dry_build_optimizer, trusted_target
+from vitpipe.config.checks import (
+    check_arguments,
+    check_precompute,
+    check_wandb_login,
+    dry_build_optimizer,
+    trusted_target,
+)
 from vitpipe.config.options import check_demo, check_export, check_predict, check_serve, check_visualize
 from vitpipe.config.schema import check_schema
 from vitpipe.errors import ConfigError, check_int, to_hw
@@ -271,9 +277,7 @@ def check_naflex_module(cfg: DictConfig) -> None:
 
 def check_precomputed_targets(cfg: DictConfig) -> None:
     """``module.distill.precompute=true`` with a teacher: the training views must be the images or their
-    mirrors (``vitpipe.lit.distill.check_precompute``), checked before data loads."""
-    from vitpipe.lit.distill import check_precompute
-
+    mirrors (``vitpipe.config.checks.check_precompute``), checked before data loads."""
     data, module = cfg.get("data"), cfg.get("module")
     distill = module.get("distill") if isinstance(module, DictConfig) else None
     if not isinstance(distill, DictConfig) or distill.get("teacher") is None or not distill.get("precompute"):

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torchmetrics import MaxMetric, MeanMetric
 
+from vitpipe.config.checks import check_precompute
 from vitpipe.data.fast import TensorImageDataset
 from vitpipe.data.naflex import loss_scale
 from vitpipe.errors import ConfigError
@@ -31,7 +31,6 @@ from vitpipe.kinds.registry import classifier_kind
 from vitpipe.lit.distill import (
     cached_targets,
     check_distill,
-    check_precompute,
     combine,
     load_teacher,
     targets_key,
@@ -228,8 +227,10 @@ class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Li
             self.teacher, data.images, lambda x: dm.augment_batch(x, train=False), mirror=mirror,
             batch_size=dm.eval_batch_size, device=self.device), shape)  # fmt: skip
         data.set_targets(logits)
-        rank_zero_info(f"vitpipe: distillation targets of {shape[0]:,} images x {shape[1]} view(s) ready in "
-                       f"{time.perf_counter() - start:.0f} s ({folder / (key + '.safetensors') if folder else 'not cached'})")
+        if self.trainer.is_global_zero:  # stdout, as the run's other vitpipe: lines
+            print(f"vitpipe: distillation targets of {shape[0]:,} images x {shape[1]} view(s) ready in "
+                  f"{time.perf_counter() - start:.0f} s ({folder / (key + '.safetensors') if folder else 'not cached'})",
+                  flush=True)
 
     def on_train_start(self) -> None:
         self.val_acc_best.reset()  # sanity-check steps must not count

@@ -24,8 +24,8 @@ is in no optimizer, no checkpoint and no DDP wrapper, and eval/predict/export ne
 as it is and mirrored (``teacher_targets``), and each step reads those of the view the student sees
 instead of running the teacher (FKD, Shen & Xing 2022, stores a teacher's soft labels the same way):
 the same targets at no cost per step. That holds only where a training view is the image or its mirror:
-random crops, erasing, RandAugment and mixup are refused (``check_precompute``), and the data must be
-held in memory (the fast path: digits, Fashion-MNIST, CIFAR). The logits are kept in
+random crops, erasing, RandAugment and mixup are refused (``vitpipe.config.checks.check_precompute``),
+and the data must be held in memory (the fast path: digits, Fashion-MNIST, CIFAR). The logits are kept in
 ``<data.root>/teacher_targets/<key>.safetensors``, the key a SHA-256 of the teacher's weights, the images
 and their input transform, so a changed teacher or split is computed afresh, never read from an old file.
 """
@@ -69,26 +69,6 @@ def check_distill(distill: dict | None) -> dict | None:
     return {**cfg, "teacher": str(cfg["teacher"]), "alpha": float(cfg["alpha"]), "tau": float(cfg["tau"]),
             "kwargs": None if cfg["kwargs"] is None else plain_kwargs(cfg["kwargs"], "module.distill.kwargs"),
             "img_size": size}  # kwargs None: a weights file's metadata says them (load_teacher)
-
-
-def check_precompute(data: dict, mixup) -> None:
-    """Precomputed targets fit a training view only if it is the image or its mirror: a setting that makes
-    other views (``data``'s crop padding, random erasing, RandAugment, the MAE crops; ``mixup``) is refused."""
-    if mixup:
-        raise ConfigError("module.distill.precompute=true stores the teacher's logits of unmixed images; "
-                          "set module.mixup=null or module.distill.precompute=false")
-    if not data.get("augment", True):
-        return  # no augmentation: every view is the image itself
-    others = {"crop_padding": 0, "random_erasing": 0.0, "auto_augment": None}
-    for key, off in others.items():
-        value = data.get(key, off)
-        if value not in (off, None, "none", 0):
-            raise ConfigError(f"module.distill.precompute=true stores the teacher's logits of each image and its mirror, "
-                              f"but data.{key}={value} makes other views; set data.{key}={off if off is not None else 'null'} "
-                              "or module.distill.precompute=false")
-    if data.get("augment") == "mae":
-        raise ConfigError("module.distill.precompute=true cannot follow data.augment=mae's random crops; "
-                          "set module.distill.precompute=false")
 
 
 def targets_key(teacher: nn.Module, images: Tensor, transform: dict, views: int) -> str:
