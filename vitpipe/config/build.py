@@ -31,7 +31,6 @@ def auto_precision() -> str:
     return "bf16-mixed" if torch.cuda.get_device_capability() >= (8, 0) else "16-mixed"
 
 
-
 def instantiate_checked(node: DictConfig, key: str, **kwargs):
     """``hydra.utils.instantiate`` whose user errors come back as one ConfigError line."""
     try:
