@@ -246,6 +246,17 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
 
 
+TEACHER_WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")  # module.distill.teacher as a weights file
+
+
+def check_teacher_file(spec) -> None:
+    """A ``module.distill.teacher`` named as a weights file must exist (a recipe's teacher lives in a checkout's
+    ``assets/``, not in the wheel); other specs (run dirs, exports, timm names) are resolved when loaded."""
+    if isinstance(spec, str) and spec.endswith(TEACHER_WEIGHT_SUFFIXES) and not os.path.isfile(spec):
+        raise ConfigError(f"module.distill.teacher={spec}: no such file; give the teacher's path, or "
+                          "module.distill=null to train without one")
+
+
 def check_precompute(data: dict, mixup) -> None:
     """Precomputed targets fit a training view only if it is the image or its mirror: a setting that makes
     other views (``data``'s crop padding, random erasing, RandAugment, the MAE crops; ``mixup``) is refused."""

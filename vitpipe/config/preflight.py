@@ -33,6 +33,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from vitpipe.config.checks import (
     check_arguments,
     check_precompute,
+    check_teacher_file,
     check_wandb_login,
     dry_build_optimizer,
     trusted_target,
@@ -276,10 +277,12 @@ def check_naflex_module(cfg: DictConfig) -> None:
 
 
 def check_precomputed_targets(cfg: DictConfig) -> None:
-    """``module.distill.precompute=true`` with a teacher: the training views must be the images or their
-    mirrors (``vitpipe.config.checks.check_precompute``), checked before data loads."""
+    """A teacher named as a weights file exists; ``module.distill.precompute=true`` with a teacher: the training
+    views must be the images or their mirrors (``vitpipe.config.checks.check_precompute``); before data loads."""
     data, module = cfg.get("data"), cfg.get("module")
     distill = module.get("distill") if isinstance(module, DictConfig) else None
+    if isinstance(distill, DictConfig):
+        check_teacher_file(distill.get("teacher"))  # a weights file, e.g. a recipe's in a checkout's assets/
     if not isinstance(distill, DictConfig) or distill.get("teacher") is None or not distill.get("precompute"):
         return
     if not isinstance(data, DictConfig) or not data.get("fast_path", False):

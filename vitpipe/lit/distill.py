@@ -41,11 +41,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitpipe.config.checks import TEACHER_WEIGHT_SUFFIXES, check_teacher_file
 from vitpipe.errors import ConfigError, to_hw
 from vitpipe.models.timm_model import plain_kwargs
 
 TYPES = ("soft", "hard")
-WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+WEIGHT_SUFFIXES = TEACHER_WEIGHT_SUFFIXES
 KEYS = {"teacher", "arch", "kwargs", "img_size", "type", "alpha", "tau", "precompute"}
 
 
@@ -213,7 +214,7 @@ def load_teacher(spec: str, *, num_classes: int, in_chans: int, arch: str | None
         teacher = timm.create_model(f"local-dir:{path}", pretrained=True)
     elif path.suffix in WEIGHT_SUFFIXES:
         if not path.is_file():
-            raise ConfigError(f"module.distill.teacher={spec}: no such file")
+            check_teacher_file(spec)
         meta = file_metadata(path)
         arch = _from_file(arch, meta.get("arch"), "arch", spec)
         kwargs = _from_file(None if kwargs is None else plain_kwargs(kwargs, "module.distill.kwargs"),
