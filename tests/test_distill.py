@@ -108,6 +108,25 @@ def test_options_are_checked_in_one_line():
         load_teacher("not_a_model_anywhere", num_classes=10, in_chans=1)
 
 
+
+def test_the_recipe_started_outside_a_checkout_names_its_teacher_and_the_way_without(tmp_path, cfg_factory):
+    # experiment=fmnist_vit distils from the checkout's assets/ (not in the wheel): from any other directory the
+    # run stops in one line before data loads (preflight), naming the path it looked at and what to type instead;
+    # load_teacher says the same to a caller that skips preflight
+    from vitpipe.config.preflight import check_config
+    from vitpipe.run.build import build_from_config
+
+    elsewhere = tmp_path / "elsewhere"
+    cfg = cfg_factory("experiment=fmnist_vit", f"paths.root_dir={elsewhere}")
+    line = rf"^module.distill.teacher={elsewhere}/assets/teachers/fmnist_resnet10t.safetensors: no such file; .*" \
+           r"module.distill=null to train without one$"
+    for stage in (check_config, build_from_config):
+        with pytest.raises(ConfigError, match=line):
+            stage(cfg)
+    without = cfg_factory("experiment=fmnist_vit", f"paths.root_dir={elsewhere}", "module.distill=null", sub="without")
+    check_config(without)
+    assert build_from_config(without)[2].teacher is None
+
 def test_teacher_is_frozen_and_unsaved_through_a_real_fit(tmp_path, cfg_factory):
     from vitpipe.run.build import build_from_config
 
@@ -361,7 +380,8 @@ def test_precompute_refuses_views_it_has_no_logits_for_before_data_loads(cfg_fac
     from vitpipe.config.preflight import check_config
 
     base = ["debug=fast", "logger=none", "data=fashion_mnist", "data.crop_padding=0",
-            "module.distill.teacher=t.safetensors", "module.distill.precompute=true"]
+            "module.distill.teacher=${paths.root_dir}/assets/teachers/fmnist_resnet10t.safetensors",
+            "module.distill.precompute=true"]
     check_config(cfg_factory(*base))
     with pytest.raises(ConfigError, match=match) as err:
         check_config(cfg_factory(*base, override, sub="bad"))
