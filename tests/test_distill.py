@@ -189,8 +189,7 @@ class _OpensAFile:
 
 def test_the_shipped_teacher_file_names_its_architecture():
     """assets/teachers/fmnist_resnet10t.safetensors carries arch, kwargs and img_size (as scripts/make_teacher.py
-    writes them), so fmnist_vit's distillation settings (off; module.distill.teacher=<the file> turns them on)
-    restate none of them."""
+    writes them), so fmnist_vit's distillation settings, which name the file, restate none of them."""
     from vitpipe.lit.distill import file_metadata
 
     root = Path(__file__).resolve().parents[1]
