@@ -108,11 +108,10 @@ def test_options_are_checked_in_one_line():
         load_teacher("not_a_model_anywhere", num_classes=10, in_chans=1)
 
 
-
 def test_the_recipe_started_outside_a_checkout_names_its_teacher_and_the_way_without(tmp_path, cfg_factory):
     # experiment=fmnist_vit distils from the checkout's assets/ (not in the wheel): from any other directory the
     # run stops in one line before data loads (preflight), naming the path it looked at and what to type instead;
-    # load_teacher says the same to a caller that skips preflight
+    # training's builder runs the same check, and load_teacher raises the same line (one owner: check_teacher_file)
     from vitpipe.config.preflight import check_config
     from vitpipe.run.build import build_from_config
 
@@ -126,6 +125,7 @@ def test_the_recipe_started_outside_a_checkout_names_its_teacher_and_the_way_wit
     without = cfg_factory("experiment=fmnist_vit", f"paths.root_dir={elsewhere}", "module.distill=null", sub="without")
     check_config(without)
     assert build_from_config(without)[2].teacher is None
+
 
 def test_teacher_is_frozen_and_unsaved_through_a_real_fit(tmp_path, cfg_factory):
     from vitpipe.run.build import build_from_config

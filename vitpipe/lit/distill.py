@@ -46,7 +46,6 @@ from vitpipe.errors import ConfigError, to_hw
 from vitpipe.models.timm_model import plain_kwargs
 
 TYPES = ("soft", "hard")
-WEIGHT_SUFFIXES = TEACHER_WEIGHT_SUFFIXES
 KEYS = {"teacher", "arch", "kwargs", "img_size", "type", "alpha", "tau", "precompute"}
 
 
@@ -212,9 +211,8 @@ def load_teacher(spec: str, *, num_classes: int, in_chans: int, arch: str | None
         teacher = rebuild(load_checkpoint(ckpt), ckpt).net  # EMA weights when the run kept them
     elif path.is_dir():
         teacher = timm.create_model(f"local-dir:{path}", pretrained=True)
-    elif path.suffix in WEIGHT_SUFFIXES:
-        if not path.is_file():
-            check_teacher_file(spec)
+    elif path.suffix in TEACHER_WEIGHT_SUFFIXES:
+        check_teacher_file(spec)
         meta = file_metadata(path)
         arch = _from_file(arch, meta.get("arch"), "arch", spec)
         kwargs = _from_file(None if kwargs is None else plain_kwargs(kwargs, "module.distill.kwargs"),
