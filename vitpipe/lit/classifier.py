@@ -225,7 +225,7 @@ class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Li
         start = time.perf_counter()
         logits = cached_targets(folder, key, lambda: teacher_targets(
             self.teacher, data.images, lambda x: dm.augment_batch(x, train=False), mirror=mirror,
-            batch_size=dm.eval_batch_size, device=self.device), shape)  # fmt: skip
+            batch_size=min(dm.eval_batch_size, 128), device=self.device), shape)  # fmt: skip
         data.set_targets(logits)
         if self.trainer.is_global_zero:  # stdout, as the run's other vitpipe: lines
             print(f"vitpipe: distillation targets of {shape[0]:,} images x {shape[1]} view(s) ready in "
