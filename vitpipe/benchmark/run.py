@@ -13,7 +13,8 @@ images vs the fixed square path at about the same valid tokens, and vs timm's Na
 max_batch_size=--batch-size vs max_batch_size=1, and vs scripts/predict.py on the same files), long_seq (dense
 SDPA vs the explicit path, gradient checkpointing and the local + global pattern through masked SDPA and
 flex_attention, at 1,024 to 4,096 tokens; its own sizes, batch 1), tokens (training with patch dropout and
-inference with token merging against the unmodified model, same weights; its own shapes and batches).
+inference with token merging against the unmodified model, same weights; its own shapes and batches), teacher
+(the pass precomputing a teacher's logits: channels-last batches of 128 vs contiguous batches of 1,000).
 Contenders alternate (A B, B A, ...) so a shared machine's load hits them alike; the figure is the median
 over repeats of each repeat's median step time, warm-up steps excluded.
 
@@ -44,7 +45,7 @@ from vitpipe.run.files import atomic_write_text
 
 SCHEMA = "vitpipe.bench/1"
 # --only name -> its module vitpipe.benchmark.<name>, holding compare_<name>(cfg) -> {"contenders", "ratios", ...}
-COMPARISONS = ("vit", "lightning", "data", "shards", "switches", "mae", "naflex", "serve", "long_seq", "tokens")
+COMPARISONS = ("vit", "lightning", "data", "shards", "switches", "mae", "naflex", "serve", "long_seq", "tokens", "teacher")
 DEFAULT_ONLY = ("vit", "lightning", "data")
 
 

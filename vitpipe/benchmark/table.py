@@ -51,6 +51,9 @@ def format_table(result: dict) -> str:
                          f"{m['start']['pss_mb']:.0f} -> {m['end']['pss_mb']:.0f} MB) over {m['end']['processes']} processes")
         if "max_abs_loss_diff" in res:
             lines.append(f"  {comp:<10} {'|loss diff| vitpipe vs reference MAE':<45} {res['max_abs_loss_diff']:.2e}")
+        if "max_abs_target_diff" in res:
+            lines.append(f"  {comp:<10} {'max |logit diff| of the two passes':<45} {res['max_abs_target_diff']:.2e} "
+                         f"({res['teacher']})")
         for name, fig in res.get("agreement", {}).items():
             lines.append(f"  {comp:<10} {name + ' vs tome0: max |logit diff|, top-1 agreement':<45} "
                          f"{fig['max_abs_logit_diff']:.3g}, {100 * fig['top1_agreement']:.1f}% of {fig['images']} images")
