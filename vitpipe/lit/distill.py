@@ -91,10 +91,10 @@ def teacher_targets(teacher: nn.Module, images: Tensor, to_input: Callable[[Tens
     with ``mirror``, flipped left-right (view 1); ``to_input`` makes a uint8 batch the student's input
     (the data module's evaluation transform), which the teacher sees resized to its own size.
 
-    The pass runs channels-last (oneDNN's convolutions read NHWC without reordering) in batches of 128,
-    whose activations stay in cache: 2.5x faster for the shipped ResNet teacher on a CPU than
-    contiguous batches of 1000 (``scripts/benchmark.py``'s ``teacher_pass`` rows); the teacher is
-    handed back in its own memory format."""
+    The pass runs channels-last (oneDNN's convolutions read NHWC without reordering); on a CPU the caller
+    gives batches of 128, whose activations stay in cache (``python scripts/benchmark.py --only teacher``
+    times it against contiguous batches of 1,000: docs/deit.md). The teacher is handed back in its own
+    memory format."""
     from tqdm.auto import tqdm
 
     out = []
