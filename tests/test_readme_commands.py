@@ -334,7 +334,7 @@ SPECS: dict[str, Spec] = {
         needs=(DEFAULT,), time_of=DEFAULT, append=("num_images=8",), files=("figs/rollout_grid.png",)),
     "python scripts/visualize_attention.py ckpt_path=<ckpt> images=path/to/images method=all out=figs": Spec(
         needs=(DEFAULT, PNGS), session="e2e", files=("figs/rollout_grid.png",)),
-    # the recipe's teacher logits on 500 images (of 55,000: 206 s of one core's budget), read back by the others
+    # the recipe's teacher logits on 500 images (of 55,000: 70 to 230 s of a 2-core CPU), read back by the others
     FMNIST_RUN: Spec(append=(*SB, "data.train_per_class=50"), needs_fmnist=True,
                      expect=("vitpipe: distillation targets of 500 images x 2 view(s) ready in",)),
     f"{FMNIST_RUN} module.distill=null": Spec(append=SB, needs_fmnist=True),
