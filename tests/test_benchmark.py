@@ -99,21 +99,21 @@ def test_mae_comparison_times_the_same_math_as_the_reference_and_a_supervised_st
 
 def test_teacher_comparison_times_the_precompute_pass_against_contiguous_batches_on_the_same_logits(monkeypatch):
     """``--only teacher``: the shipped teacher's pass as ``teacher_targets`` runs it (channels-last, batches of
-    128) and as contiguous batches of 1,000 give the same logits; the teacher keeps its own memory format."""
+    128) and as contiguous batches of 1,000 give the same logits; the teacher's weights are contiguous again after."""
     from vitpipe.benchmark.teacher import SHIPPED, shipped_teacher
     from vitpipe.lit.distill import teacher_targets
 
     monkeypatch.setattr("vitpipe.benchmark.teacher.PASS_IMAGES", 200)  # a step of 200 images: one batch of
     result = run(BenchConfig(**TINY), ("teacher",))                      # 200 against two of 128 and 72
     res = result["results"]["teacher"]
-    assert res["teacher"] == str(SHIPPED)  # the checkout's file, not the random stand-in
+    assert res["teacher"] == str(SHIPPED)  # the checkout's file
     assert set(res["contenders"]) == {"nchw_b1000", "nhwc_b128"}
     for phases in res["contenders"].values():
         assert phases["pass"]["timed_steps"] == 2 and phases["pass"]["img_s"] == pytest.approx(200 / phases["pass"]["step_s"])
     assert res["max_abs_target_diff"] < 1e-4
     assert all(math.isfinite(v) and v > 0 for v in res["ratios"].values())
     assert "max |logit diff| of the two passes" in format_table(result)
-    teacher, _ = shipped_teacher()
+    teacher = shipped_teacher()
     convs = [p for p in teacher.parameters() if p.dim() == 4 and p.shape[1] > 1 and p.shape[-1] > 1]
     assert convs and all(w.is_contiguous() for w in convs)
     teacher_targets(teacher, torch.zeros(3, 1, 28, 28, dtype=torch.uint8), lambda x: x.float(), mirror=True)

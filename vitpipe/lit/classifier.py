@@ -223,11 +223,9 @@ class ImageClassifier(LoadsStoredRun, NonFiniteGuard, ConfiguredOptimizers, L.Li
         key = targets_key(self.teacher, data.images, transform, shape[1])
         folder = Path(dm.root) / "teacher_targets" if getattr(dm, "root", None) else None
         start = time.perf_counter()
-        # a CPU's pass runs fastest in batches whose activations stay in cache; a GPU's in the evaluation batch
-        batch = dm.eval_batch_size if self.device.type == "cuda" else min(dm.eval_batch_size, 128)
         logits = cached_targets(folder, key, lambda: teacher_targets(
             self.teacher, data.images, lambda x: dm.augment_batch(x, train=False), mirror=mirror,
-            batch_size=batch, device=self.device), shape)  # fmt: skip
+            batch_size=dm.eval_batch_size, device=self.device), shape)  # fmt: skip
         data.set_targets(logits)
         if self.trainer.is_global_zero:  # stdout, as the run's other vitpipe: lines
             print(f"vitpipe: distillation targets of {shape[0]:,} images x {shape[1]} view(s) ready in "

@@ -46,6 +46,7 @@ from vitpipe.errors import ConfigError, to_hw
 from vitpipe.models.timm_model import plain_kwargs
 
 TYPES = ("soft", "hard")
+CPU_BATCH = 128  # the precompute pass's largest batch on a CPU: its activations stay in cache (teacher_targets)
 KEYS = {"teacher", "arch", "kwargs", "img_size", "type", "alpha", "tau", "precompute"}
 
 
@@ -86,17 +87,19 @@ def targets_key(teacher: nn.Module, images: Tensor, transform: dict, views: int)
 
 @torch.no_grad()
 def teacher_targets(teacher: nn.Module, images: Tensor, to_input: Callable[[Tensor], Tensor], *, mirror: bool,
-                    batch_size: int = 128, device: torch.device | str = "cpu") -> Tensor:
+                    batch_size: int = 500, device: torch.device | str = "cpu") -> Tensor:
     """The teacher's logits (N, V, C), float32, of ``images`` (uint8 (N, C, h, w)) as they are (view 0) and,
     with ``mirror``, flipped left-right (view 1); ``to_input`` makes a uint8 batch the student's input
     (the data module's evaluation transform), which the teacher sees resized to its own size.
 
-    The pass runs channels-last (oneDNN's convolutions read NHWC without reordering); on a CPU the caller
-    gives batches of 128, whose activations stay in cache (``python scripts/benchmark.py --only teacher``
-    times it against contiguous batches of 1,000: docs/deit.md). The teacher is handed back in its own
-    memory format."""
+    The pass runs channels-last (oneDNN's convolutions read NHWC without reordering), in batches of
+    ``batch_size`` on a GPU and of at most ``CPU_BATCH`` on a CPU, whose activations then stay in cache
+    (``python scripts/benchmark.py --only teacher`` times it against contiguous batches of 1,000:
+    docs/deit.md). The teacher's weights are contiguous again afterwards, as ``load_teacher`` gives them."""
     from tqdm.auto import tqdm
 
+    if torch.device(device).type == "cpu":
+        batch_size = min(batch_size, CPU_BATCH)
     out = []
     teacher.to(memory_format=torch.channels_last)  # 4-D weights only: a ViT's patch projection, a CNN's convs
     try:
