@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 import signal
 import sys
@@ -130,6 +131,31 @@ def test_a_pace_that_collapses_late_still_ends_the_schedule_within_the_budget(mo
     assert end > 90.0  # the budget is used, not abandoned
     end, progress, _ = _simulate(monkeypatch, budget=100.0, step_s=pace, time_refits=False)
     assert progress < 0.99 and end <= 100.0  # the hard stop: in time, but the schedule cut short
+
+
+def test_the_test_is_estimated_from_its_own_split_set_up_once_for_the_test(cfg_factory):
+    """During a fit Lightning has set up the train and validation splits only. The plan's test estimate sets
+    up the test split (digits: 360 images against 144 validation images) instead of taking the validation's
+    size for it, and the data module keeps that split for the test; ``test=false`` keeps no time for a test."""
+    import types
+
+    from vitpipe.lit.time_budget import _loader_size
+    from vitpipe.run.build import build_data
+
+    dm = build_data(cfg_factory(*QUIET))
+    dm.setup("fit")
+    assert dm.data_test is None
+    clock = TrainingClock(budget_s=60)
+    trainer = types.SimpleNamespace(datamodule=dm, callbacks=[clock], limit_val_batches=1.0, limit_test_batches=1.0)
+    val, test = _loader_size(trainer, "val"), _loader_size(trainer, "test")  # (batches, samples, batch size)
+    assert dm.data_test is not None and (len(dm.data_test), len(dm.data_val)) == (360, 144)
+    assert test[0] == math.ceil(360 / test[2]) and val[0] == math.ceil(144 / val[2]) and test[1] > val[1]
+    kept = dm.data_test
+    dm.setup("test")  # what Lightning calls when the test begins
+    assert dm.data_test is kept
+    clock.step_s, clock.val_share = 0.1, 0.01
+    assert clock._test_estimate(trainer) == pytest.approx(0.01 * test[1])
+    assert TrainingClock(budget_s=60, tests=False)._test_estimate(trainer) == 0.0
 
 
 def _final_lr(run_dir: Path) -> float:

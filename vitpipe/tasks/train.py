@@ -66,7 +66,8 @@ def _train(cfg: DictConfig) -> dict[str, float]:
             callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
         callbacks.append(ConfigInCheckpoint(cfg))  # eval rebuilds the model from the checkpoint alone
         budget_s = parse_duration(cfg.trainer.get("time_budget"))
-        timing = TrainingClock(budget_s, clock)  # the expected duration; with a budget, the plan fitted to it
+        # the expected duration; with a budget, the plan fitted to it
+        timing = TrainingClock(budget_s, clock, tests=bool(cfg.get("test", True)))
         callbacks.append(timing)
         trainer: L.Trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=loggers or False,
                                            **slurm_plugins(cfg))
