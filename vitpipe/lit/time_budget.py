@@ -370,11 +370,9 @@ def _loader(trainer, split: str):
     except Exception:  # noqa: BLE001 - no such split, or not set up: the estimate goes without it
         if split != "test":
             return None
-    # During the fit Lightning has set up the train and validation splits only; the test's are set up when the
-    # test begins. Set them up now, so that the test is estimated from its own images (Fashion-MNIST: 10,000,
-    # twice the validation's 5,000: the plan kept half the test's time, and a 10-minute budget ended 0.1 s
-    # over). The data module keeps the split for the test (its ``setup`` does not load a split twice), so its
-    # loading only moves earlier, inside the same budget.
+    # During the fit Lightning has set up the train and validation splits only; the test split is set up here,
+    # so that the test is estimated from its own images (Fashion-MNIST: 10,000, the validation 5,000). The data
+    # module keeps it for the test (``setup`` loads a split once): its loading only moves earlier in the budget.
     try:
         dm.setup("test")
         return make()
