@@ -298,6 +298,28 @@ def test_max_epochs_stays_an_upper_bound_and_the_schedule_fits_it(cfg_factory, c
     assert _final_lr(Path(cfg.paths.output_dir)) == pytest.approx(LR_MIN)
 
 
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_a_budget_fits_a_linear_decay_as_it_fits_the_cosine(cfg_factory, capsys, tmp_path, schedule):
+    """The linear decay (``timm.scheduler.PolyLRScheduler`` with ``power=1``, the recipe's; Li et al. 2020)
+    runs over the budget's progress as the cosine does: after the warm-up the learning rate falls by the
+    same amount at every step, where the cosine's falls grow, then shrink, and both end at ``lr_min``."""
+    trace = tmp_path / "lr.json"
+    linear = ["module.scheduler._target_=timm.scheduler.PolyLRScheduler", "+module.scheduler.power=1"]
+    cfg = cfg_factory(*PACED, "trainer.time_budget=10min", "trainer.max_epochs=2", *(linear if schedule == "linear" else []),
+                      "+callbacks.trace._target_=pace.LrTrace", f"+callbacks.trace.path={trace}")
+    metrics = train(cfg)
+    assert "82 steps = 2.0 epochs of 41" in capsys.readouterr().out
+    assert metrics["time/planned_steps"] == 82 and _final_lr(Path(cfg.paths.output_dir)) == pytest.approx(LR_MIN)
+    lrs = [lr for _, lr in json.loads(trace.read_text())]
+    top = lrs.index(max(lrs))
+    falls = [a - b for a, b in zip(lrs[top:], lrs[top + 1:])]
+    assert len(falls) > 60 and min(falls) > 0
+    if schedule == "linear":
+        assert max(falls) == pytest.approx(min(falls), rel=0.02), (min(falls), max(falls))
+    else:
+        assert max(falls) > 5 * min(falls)
+
+
 @pytest.mark.slow  # ~15-20 s of paced training: .ci/run's slow single tests
 @pytest.mark.alone  # wall time measured: no other test beside it under xdist
 def test_a_pace_that_slows_mid_run_is_followed_without_a_jump_in_the_learning_rate(cfg_factory, capsys, tmp_path):
