@@ -316,6 +316,11 @@ def test_a_budget_fits_a_linear_decay_as_it_fits_the_cosine(cfg_factory, capsys,
     assert len(falls) > 60 and min(falls) > 0
     if schedule == "linear":
         assert max(falls) == pytest.approx(min(falls), rel=0.02), (min(falls), max(falls))
+        # the run loads in the next command: its stored config names the scheduler (vitpipe.run.stored)
+        from vitpipe.tasks.evaluate import evaluate
+
+        tested = evaluate(cfg_factory(f"ckpt_path={cfg.paths.output_dir}", config_name="eval", sub="eval"))
+        assert tested["test/acc"] == pytest.approx(metrics["test/acc"], abs=1e-6)
     else:
         assert max(falls) > 5 * min(falls)
 

@@ -230,7 +230,8 @@ def stored_config(config: dict) -> dict:
 # conf/model, conf/data and conf/module use (tests/test_checkpoint.py keeps them in step), plus the
 # plain torch optimizers a user may pick on the command line. Never a generic importer
 # (hydra.utils.get_class / get_method, lightning's instantiate_class): they call whatever path they get.
-_OPTIMIZERS = {"torch.optim.AdamW", "torch.optim.Adam", "torch.optim.SGD", "timm.scheduler.CosineLRScheduler"} | {
+_OPTIMIZERS = {"torch.optim.AdamW", "torch.optim.Adam", "torch.optim.SGD",
+               "timm.scheduler.CosineLRScheduler", "timm.scheduler.PolyLRScheduler"} | {  # the two a budget fits
     f"torch.optim.lr_scheduler.{name}"  # build_scheduler accepts torch's own schedulers too
     for name in ("CosineAnnealingLR", "OneCycleLR", "LinearLR", "StepLR", "MultiStepLR", "ExponentialLR")
 }
