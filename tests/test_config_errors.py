@@ -21,10 +21,10 @@ from vitpipe.tasks.cli import run_cli
 MISTAKES = [  # (override, what the one line must say)
     ("module.optimizer.lr=-1", "module.optimizer.lr=-1 must be a number > 0"),
     ("module.optimizer.lr=0", "module.optimizer.lr=0 must be a number > 0"),
-    ("data.batch_size=abc", "data.batch_size='abc': DigitsDataModule expects batch_size: int"),
+    ("data.batch_size=abc", "data.batch_size='abc' must be a positive integer"),  # the command line's wording
     ("data.batch_size=0", "data.batch_size=0 must be a positive integer"),
     ("data.eval_batch_size=-4", "data.eval_batch_size=-4"),
-    ("trainer.max_epochs=abc", "trainer.max_epochs='abc': Trainer expects max_epochs"),
+    ("trainer.max_epochs=abc", "trainer.max_epochs='abc' must be an integer >= 1"),
     ("trainer.max_epochs=-5", "trainer.max_epochs=-5"),
     ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches=0"),
     ("lr_scaling.base_batch_size=0", "lr_scaling.base_batch_size=0"),
@@ -72,7 +72,7 @@ def test_config_mistake_through_the_real_cli_prints_at_most_three_lines(tmp_path
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2, r.stderr[-2000:]
     assert len(lines) <= 3, lines
-    assert lines[-1] == "vitpipe: error: data.batch_size='abc': DigitsDataModule expects batch_size: int"
+    assert lines[-1] == "vitpipe: error: data.batch_size='abc' must be a positive integer"
 
 
 def _non_default(name: str, default):
@@ -182,21 +182,49 @@ def test_unknown_key_through_the_real_cli_is_one_line_with_the_close_match(tmp_p
     assert not (tmp_path / "run").exists()  # stopped before Hydra made the run directory
 
 
-def test_a_command_line_mistake_is_printed_before_torch_loads(tmp_path):
+EARLY = [  # (command, its command line, the start of its one line): each answered before torch loads
+    ("train", ["trainer.max_epoch=3"], "trainer.max_epoch is not a key of trainer; did you mean"),
+    ("train", ["data.batch_size=abc"], "data.batch_size='abc' must be a positive integer"),
+    # a plain value beside the model's ${variant:...} values, which the check leaves unresolved
+    ("train", ["model=vit_s16", "model.drop_path_rate=2"], "model.drop_path_rate=2 must be in [0, 1)"),
+    ("train", ["-m", "trainer.time_budget=soon,30min"], "trainer.time_budget='soon': expected a duration"),
+    ("eval", ["ckpt_path=last", "seed=abc"], "seed='abc' must be an integer in [0, 4294967295]"),
+    ("doctor", ["model=vit_micro", "model.drop_rate=3"], "model.drop_rate=3 must be in [0, 1)"),
+]
+
+
+@pytest.mark.parametrize(("command", "args", "message"), EARLY, ids=[" ".join(a) for _, a, _ in EARLY])
+def test_a_command_line_mistake_is_printed_before_torch_loads(tmp_path, command, args, message):
     """The command line is checked on Hydra and OmegaConf alone: importing vitpipe and composing the config
-    loads neither torch, Lightning nor timm (11 s of imports on a slow CPU), so a mistyped key is its one
-    line in about a second; the command's body is imported only once the line has passed."""
+    loads neither torch, Lightning nor timm (11 s of imports on a slow CPU), so a mistyped key or a value of
+    the wrong type or range is its one line in about a second (a multirun's first job's); the command's body
+    is imported only once the line has passed."""
     import subprocess
     import sys
 
-    code = ("import sys\nfrom vitpipe.commands import run\ntry:\n    run('train', ['trainer.max_epoch=3'])\n"
+    code = (f"import sys\nfrom vitpipe.commands import run\ntry:\n    run({command!r}, {args!r})\n"
             "except SystemExit as e:\n    print('exit', e.code, sorted(m for m in ('torch', 'lightning', 'timm') "
             "if m in sys.modules))\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == "exit 2 []", (r.stdout, r.stderr[-2000:])
     (line,) = _vitpipe_lines(r.stderr)
-    assert line.startswith("vitpipe: error: trainer.max_epoch is not a key of trainer; did you mean"), line
+    assert line.startswith(f"vitpipe: error: {message}"), line
     assert list(tmp_path.iterdir()) == []  # no run directory, no outputs folder
+
+
+def test_a_valid_command_line_is_checked_without_torch(tmp_path):
+    """The check of a valid command line resolves nothing (a model's ``${variant:...}`` values would import
+    the model code; so would asking ``key in node``) and passes: the run's own preflight checks the resolved
+    values."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom vitpipe.config.shipped import CONF_DIR\nfrom vitpipe.tasks.cli import command_line_mistake\n"
+            "for argv in ([], ['model=vit_s16', 'model.drop_path_rate=0.2'], ['-m', 'seed=0,1']):\n"
+            "    print(command_line_mistake(CONF_DIR, 'train', argv))\n"
+            "print(sorted(m for m in ('torch', 'lightning', 'timm') if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["None", "None", "None", "[]"], (r.stdout, r.stderr[-2000:])
 
 
 def test_unknown_key_in_a_multirun_is_the_same_line_and_no_sweep_starts(tmp_path):

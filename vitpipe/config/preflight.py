@@ -39,7 +39,7 @@ from vitpipe.config.checks import (
     trusted_target,
 )
 from vitpipe.config.options import check_demo, check_export, check_predict, check_serve, check_visualize
-from vitpipe.config.schema import check_schema
+from vitpipe.config.schema import ENTRY_SCHEMAS, check_schema
 from vitpipe.errors import ConfigError, check_int, to_hw
 
 
@@ -57,8 +57,8 @@ def check_config(cfg: DictConfig) -> None:
 
     resolve_num_classes(cfg.get("data"))
     with _one_line():
+        check_schema(cfg, where=ENTRY_SCHEMAS["train"])  # first, as the command line's check runs it: one wording
         check_arguments(cfg)
-        check_schema(cfg)
         dry_build_optimizer(cfg)
         check_wandb_login(cfg)
         check_data_arguments(cfg.get("data"))
@@ -114,7 +114,7 @@ def _eval(cfg: DictConfig) -> None:
     """The eval config's own values (its seed: one line, not numpy's traceback from seed_everything); the
     run it rebuilds is the checkpoint's, checked by the stored-config rule (``vitpipe.run.stored``)."""
     with _one_line():
-        check_schema(cfg, where=("",))
+        check_schema(cfg, where=ENTRY_SCHEMAS["eval"])
 
 
 def _doctor(cfg: DictConfig) -> None:
@@ -140,7 +140,7 @@ def _doctor(cfg: DictConfig) -> None:
         raise ConfigError(f"batch_size={size!r}: expected null (the run's data.batch_size) or an int >= 1")
     resolve_device(str(cfg.device))
     with _one_line():
-        check_schema(cfg, where=("", "model"))
+        check_schema(cfg, where=ENTRY_SCHEMAS["doctor"])
 
 
 # the commands on a stored run check their own options (vitpipe.config.options); the run they read is the

@@ -7,7 +7,9 @@ files: a schema there is in struct mode and must declare every key of every opti
 data module's arguments, Lightning's Trainer's), and its type errors stop Hydra's composition with Hydra's
 own multi-line message and exit status 1, before vitpipe can name the key in one line. Here the schema is
 merged open (keys it does not declare pass untouched) by ``check_schema``, which the one config check
-(``vitpipe.tasks.preflight``) runs. A key a config does not have is not checked.
+(``vitpipe.config.preflight``) runs. A key a config does not have is not checked. It needs only OmegaConf,
+so a command's command line is held to it too before the command's body (torch, Lightning) is imported
+(``vitpipe.tasks.cli.command_line_mistake``): ``data.batch_size=abc`` is its line in a second.
 
 Also here: ``module.mixup`` (timm's ``Mixup`` settings, checked nowhere by timm until the first batch) and
 no NaN or infinity in the groups whose numbers are never meant to be (``FINITE_GROUPS``).
@@ -156,11 +158,20 @@ SCHEMAS: dict[str, type] = {"": Top, "data": Data, "module.optimizer": Optimizer
 # groups whose numbers are never meant to be NaN or infinite (a callback's threshold may be)
 FINITE_GROUPS = ("model", "data", "module", "trainer", "lr_scaling")
 
+# what each command's config holds of the schema (None: all of it), for ``check_schema``'s ``where``: its
+# preflight (``vitpipe.config.preflight``) and, before the command's body is imported, its command line's
+# check (``vitpipe.tasks.cli.command_line_mistake``); the other commands read a stored run's config
+ENTRY_SCHEMAS: dict[str, tuple[str, ...] | None] = {"train": None, "eval": ("",), "doctor": ("", "model")}
 
-def check_schema(cfg: DictConfig, where: tuple[str, ...] | None = None) -> None:
+
+def check_schema(cfg: DictConfig, where: tuple[str, ...] | None = None, *, plain_only: bool = False) -> None:
     """Every ``SCHEMAS`` field the config has (only those at ``where``, e.g. ``("",)`` for the seed of an
     eval config), then ``module.mixup``, then no NaN or infinity in ``FINITE_GROUPS`` (all of them only when
-    ``where`` is None). ConfigError (one line: ``key=value`` and what is valid) on the first failure."""
+    ``where`` is None). ConfigError (one line: ``key=value`` and what is valid) on the first failure.
+
+    ``plain_only``: the fields set to a plain value, nothing resolved, and nothing after them: what a command
+    line is held to before the command's body is imported (``vitpipe.tasks.cli.command_line_mistake``), since
+    resolving ``${variant:...}`` imports the model code; the run's own check (``preflight``) does the rest."""
     for path, schema in SCHEMAS.items():
         if where is not None and path not in where:
             continue
@@ -168,14 +179,20 @@ def check_schema(cfg: DictConfig, where: tuple[str, ...] | None = None) -> None:
         if not isinstance(node, DictConfig):
             continue
         for f in fields(schema):
-            if f.name not in node:
+            if plain_only:  # `in` would resolve the value
+                if (f.name not in node.keys() or OmegaConf.is_missing(node, f.name)  # noqa: SIM118
+                        or OmegaConf.is_interpolation(node, f.name)):
+                    continue
+            elif f.name not in node:
                 continue
             value = node[f.name]
             if isinstance(value, (DictConfig, ListConfig)):
+                if plain_only:  # it may hold interpolations
+                    continue
                 value = OmegaConf.to_container(value, resolve=True)
             if not (_typed(schema, f.name, value) and f.metadata["holds"](value)):
                 raise ConfigError(f"{path + '.' if path else ''}{f.name}={_show(value)}{f.metadata['valid']}")
-    if where is not None:
+    if where is not None or plain_only:
         return
     module = cfg.get("module")
     if isinstance(module, DictConfig) and "mixup" in module:

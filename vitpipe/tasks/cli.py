@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from vitpipe.config.checks import check_wandb_login, did_you_mean
+from vitpipe.config.schema import ENTRY_SCHEMAS, check_schema
 from vitpipe.config.shipped import CONF_DIR, CONFIG_PATH
 from vitpipe.errors import ConfigError
 from vitpipe.run.files import DiskFullError, disk_full_cause, remove_stale_temps_below
@@ -56,9 +57,10 @@ def hydra_main(config_name: str):
 def command_line_mistake(conf: Path, config_name: str, argv: list[str]) -> str | None:
     """The first mistake of a script's command line that shows before a run starts, in one line, or
     None: an override naming a key the config lacks (``trainer.max_epoch=3``, with the closest valid
-    key) or an option its group lacks (``model=vit_b61``), and a logger that cannot start
-    (``logger=wandb`` without a login). The overrides are composed once with Hydra's compose API,
-    nothing resolved; in a multirun, the first job's. Whatever this cannot judge (Hydra's own flags,
+    key) or an option its group lacks (``model=vit_b61``), a value of the wrong type or out of range
+    (``data.batch_size=abc``: ``vitpipe.config.schema``) and a logger that cannot start (``logger=wandb``
+    without a login). The overrides are composed once with Hydra's compose API, nothing resolved; in
+    a multirun, the first job's. Whatever this cannot judge (Hydra's own flags,
     sweeps other than lists and ranges, other errors) is left to Hydra to report as before."""
     from hydra import compose, initialize_config_dir
     from hydra._internal.utils import get_args_parser  # the parser @hydra.main itself uses
@@ -93,12 +95,16 @@ def command_line_mistake(conf: Path, config_name: str, argv: list[str]) -> str |
     mistake = _search_space_mistake(cfg) or output_dir_mistake(cfg, name, multirun=args.multirun)
     if mistake:
         return mistake
-    try:
-        check_wandb_login(cfg)
-    except ConfigError as e:
-        return str(e)
-    except Exception:  # noqa: BLE001 - a value that needs the run to resolve: train() checks again
-        pass
+    checks = [check_wandb_login]
+    if name in ENTRY_SCHEMAS:  # the values' types and ranges, as the command's preflight checks them first
+        checks.insert(0, lambda c: check_schema(c, where=ENTRY_SCHEMAS[name], plain_only=True))
+    for check in checks:
+        try:
+            check(cfg)
+        except ConfigError as e:
+            return str(e)
+        except Exception:  # noqa: BLE001 - a value that needs the run to resolve: its preflight checks again
+            pass
     return None
 
 
