@@ -95,10 +95,9 @@ def command_line_mistake(conf: Path, config_name: str, argv: list[str]) -> str |
     mistake = _search_space_mistake(cfg) or output_dir_mistake(cfg, name, multirun=args.multirun)
     if mistake:
         return mistake
-    checks = [check_wandb_login]
-    if name in ENTRY_SCHEMAS:  # the values' types and ranges, as the command's preflight checks them first
-        checks.insert(0, lambda c: check_schema(c, where=ENTRY_SCHEMAS[name], plain_only=True))
-    for check in checks:
+    # the values' types and ranges, as the command's preflight checks them first (where=(): none for this command)
+    values = functools.partial(check_schema, where=ENTRY_SCHEMAS.get(name, ()), plain_only=True)
+    for check in (values, check_wandb_login):
         try:
             check(cfg)
         except ConfigError as e:
