@@ -188,6 +188,10 @@ EARLY = [  # (command, its command line, the start of its one line): each answer
     # a plain value beside the model's ${variant:...} values, which the check leaves unresolved
     ("train", ["model=vit_s16", "model.drop_path_rate=2"], "model.drop_path_rate=2 must be in [0, 1)"),
     ("train", ["-m", "trainer.time_budget=soon,30min"], "trainer.time_budget='soon': expected a duration"),
+    # configs that merge a value over an interpolation (debug=fast's precision over ${auto_precision:}, an
+    # experiment's model values over ${variant:...}): OmegaConf's merge dereferences what it merges over
+    ("train", ["debug=fast", "logger=none", "data.batch_size=abc"], "data.batch_size='abc' must be a positive integer"),
+    ("train", ["experiment=fmnist_vit", "seed=-5"], "seed=-5 must be an integer in [0, 4294967295]"),
     ("eval", ["ckpt_path=last", "seed=abc"], "seed='abc' must be an integer in [0, 4294967295]"),
     ("doctor", ["model=vit_micro", "model.drop_rate=3"], "model.drop_rate=3 must be in [0, 1)"),
 ]
@@ -212,6 +216,39 @@ def test_a_command_line_mistake_is_printed_before_torch_loads(tmp_path, command,
     assert list(tmp_path.iterdir()) == []  # no run directory, no outputs folder
 
 
+HANDED = [  # (command, its command line with {d} for a folder of handed files, its one line with {d})
+    ("eval", ["ckpt_path={d}/notes.ckpt"], "cannot read checkpoint {d}/notes.ckpt: it is not a PyTorch checkpoint "
+     "(torch.save writes a zip archive); pass a .ckpt written by scripts/train.py."),
+    ("export", ["ckpt_path={d}/empty.ckpt", "format=onnx", "out={d}/m.onnx"],
+     "cannot read checkpoint {d}/empty.ckpt: the file is empty."),
+    # predict's out= first, as its body checks it before it reads the checkpoint
+    ("predict", ["ckpt_path={d}/notes.ckpt", "images={d}", "out={d}/notes.ckpt/p.csv"],
+     "out={d}/notes.ckpt/p.csv: {d}/notes.ckpt is a file, not a folder; pass out=<a writable folder>/<name>.csv or "
+     ".json"),
+]
+
+
+@pytest.mark.parametrize(("command", "args", "message"), HANDED, ids=[c for c, _, _ in HANDED])
+def test_a_handed_file_refused_by_its_first_bytes_is_its_line_before_torch_loads(tmp_path, command, args, message):
+    """A ``ckpt_path=`` file that is empty or a text file, and predict's ``out=`` under a file, are the command's
+    own one line (the body words them the same way: test_checkpoint, test_predict), answered before torch."""
+    import subprocess
+    import sys
+
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "notes.ckpt").write_text("hello\n")
+    (files / "empty.ckpt").write_bytes(b"")
+    argv = [a.format(d=files) for a in args]
+    code = (f"import sys\nfrom vitpipe.commands import run\ntry:\n    run({command!r}, {argv!r})\n"
+            "except SystemExit as e:\n    print('exit', e.code, sorted(m for m in ('torch', 'lightning', 'timm') "
+            "if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "exit 2 []", (r.stdout, r.stderr[-2000:])
+    assert _vitpipe_lines(r.stderr) == [f"vitpipe: error: {message.format(d=files)}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["files"]  # no run directory, no outputs folder
+
+
 def test_a_valid_command_line_is_checked_without_torch(tmp_path):
     """The check of a valid command line resolves nothing (a model's ``${variant:...}`` values would import
     the model code; so would asking ``key in node``) and passes: the run's own preflight checks the resolved
@@ -220,11 +257,12 @@ def test_a_valid_command_line_is_checked_without_torch(tmp_path):
     import sys
 
     code = ("import sys\nfrom vitpipe.config.shipped import CONF_DIR\nfrom vitpipe.tasks.cli import command_line_mistake\n"
-            "for argv in ([], ['model=vit_s16', 'model.drop_path_rate=0.2'], ['-m', 'seed=0,1']):\n"
+            "for argv in ([], ['model=vit_s16', 'model.drop_path_rate=0.2'], ['-m', 'seed=0,1'], ['debug=fast'],\n"
+            "             ['experiment=fmnist_vit'], ['model=vit_b16', 'data=cifar10']):\n"
             "    print(command_line_mistake(CONF_DIR, 'train', argv))\n"
             "print(sorted(m for m in ('torch', 'lightning', 'timm') if m in sys.modules))\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert r.stdout.split() == ["None", "None", "None", "[]"], (r.stdout, r.stderr[-2000:])
+    assert r.stdout.split() == ["None"] * 6 + ["[]"], (r.stdout, r.stderr[-2000:])
 
 
 def test_unknown_key_in_a_multirun_is_the_same_line_and_no_sweep_starts(tmp_path):

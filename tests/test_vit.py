@@ -84,6 +84,21 @@ def test_variant_dimensions_match_timm(name):
         assert sum(p.numel() for p in built.parameters()) == sum(p.numel() for p in tm.parameters())
 
 
+@pytest.mark.parametrize("builder", ["ViT", "MaskedAutoencoderViT"])
+def test_the_builders_defaults_read_from_source_are_their_signatures(builder):
+    """The configs' ${variant:...} resolver reads the constructors' defaults from source, without torch
+    (vitpipe.models.variants.builder_defaults): they are what the imported class takes, value and type."""
+    import inspect
+
+    import vitpipe.models
+    from vitpipe.models.variants import builder_defaults
+
+    cls = getattr(vitpipe.models, builder)
+    signature = {n: p.default for n, p in inspect.signature(cls).parameters.items() if p.default is not p.empty}
+    read = builder_defaults(builder)
+    assert read == signature and [type(v) for v in read.values()] == [type(v) for v in signature.values()]
+
+
 def test_non_square_images_and_other_sizes_at_eval():
     torch.manual_seed(0)
     m = create_model("vit_micro", img_size=(16, 24), num_classes=4).eval()

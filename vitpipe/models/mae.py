@@ -25,16 +25,12 @@ import torch
 from torch import Tensor, nn
 
 from vitpipe.errors import ConfigError
-from vitpipe.models.variants import VARIANTS
+from vitpipe.models.variants import DEFAULT_DECODER, VARIANTS
 from vitpipe.models.vit import ViT
 from vitpipe.nn.blocks import EncoderBlock
 from vitpipe.nn.pos_embed import RoPE2D, sincos_2d
 
 log = logging.getLogger(__name__)
-
-# the decoder of every released MAE model (the paper's default: 512 wide, 8 deep, 16 heads)
-DEFAULT_DECODER = dict(decoder_embed_dim=512, decoder_depth=8, decoder_num_heads=16)
-
 
 class MaskedAutoencoderViT(nn.Module):
     """``forward(imgs, mask_ratio=0.75, noise=None) -> (loss, pred (B, L, p*q*C), mask (B, L), 1 = masked)``."""

@@ -65,6 +65,18 @@ def safe_torch_load(path, *, what: str = "checkpoint", mmap: bool = False):
     return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
 
 
+def not_a_checkpoint(path) -> str | None:
+    """Why the file at ``path`` cannot be a checkpoint, judged by its first bytes (no torch): empty, or neither
+    a zip archive (what torch.save writes) nor a pickle; None when it may be one (torch.load decides)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head:
+        return "the file is empty."
+    if head.startswith(b"PK") or head[:1] == b"\x80":  # a torch.save zip archive / an old-style pickle
+        return None
+    return "it is not a PyTorch checkpoint (torch.save writes a zip archive); pass a .ckpt written by scripts/train.py."
+
+
 def _is_legacy_pickle(path: Path) -> bool:
     try:
         with open(path, "rb") as f:

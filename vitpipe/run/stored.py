@@ -57,7 +57,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from vitpipe.errors import ConfigError
-from vitpipe.run.safeload import safe_torch_load
+from vitpipe.run.safeload import not_a_checkpoint, safe_torch_load
 
 STATE_DICT = "state_dict"
 CONFIG = "vitpipe_config"
@@ -130,14 +130,8 @@ def why_unreadable(path: Path, err: Exception) -> str:
         what = f" ({found.group(1)})" if found else ""
         return (f"it holds a pickled Python object{what} that loading would have to run as code, and vitpipe "
                 "only loads tensors and plain values from files; use a checkpoint written by scripts/train.py.")
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if not head:
-        return "the file is empty."
-    if head.startswith(b"PK") or head[:1] == b"\x80":  # a torch.save zip archive / an old-style pickle
-        return ("the file is truncated or corrupt (it was probably cut short while being written or copied); "
-                "use another checkpoint of the run.")
-    return "it is not a PyTorch checkpoint (torch.save writes a zip archive); pass a .ckpt written by scripts/train.py."
+    return not_a_checkpoint(path) or ("the file is truncated or corrupt (it was probably cut short while being "
+                                      "written or copied); use another checkpoint of the run.")
 
 
 # --------------------------------------------------------------------------- what a loaded checkpoint holds

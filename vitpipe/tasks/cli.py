@@ -22,11 +22,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from vitpipe.config.checks import check_wandb_login, did_you_mean
+from vitpipe.config.options import check_out
+from vitpipe.config.resolvers import composing_without_torch
 from vitpipe.config.schema import ENTRY_SCHEMAS, check_schema
 from vitpipe.config.shipped import CONF_DIR, CONFIG_PATH
 from vitpipe.errors import ConfigError
 from vitpipe.run.files import DiskFullError, disk_full_cause, remove_stale_temps_below
 from vitpipe.run.outputs import check_not_input, check_writable, name_too_long, named_checkpoint_inputs
+from vitpipe.run.safeload import not_a_checkpoint
 
 EXIT_CONFIG, EXIT_NONFINITE, EXIT_DISK_FULL = 2, 3, 74
 
@@ -58,8 +61,8 @@ def command_line_mistake(conf: Path, config_name: str, argv: list[str]) -> str |
     """The first mistake of a script's command line that shows before a run starts, in one line, or
     None: an override naming a key the config lacks (``trainer.max_epoch=3``, with the closest valid
     key) or an option its group lacks (``model=vit_b61``), a value of the wrong type or out of range
-    (``data.batch_size=abc``: ``vitpipe.config.schema``) and a logger that cannot start (``logger=wandb``
-    without a login). The overrides are composed once with Hydra's compose API, nothing resolved; in
+    (``data.batch_size=abc``: ``vitpipe.config.schema``), a logger that cannot start (``logger=wandb``
+    without a login) and a handed file that its first bytes refuse (``handed_file_mistake``). The overrides are composed once with Hydra's compose API, nothing resolved; in
     a multirun, the first job's. Whatever this cannot judge (Hydra's own flags,
     sweeps other than lists and ranges, other errors) is left to Hydra to report as before."""
     from hydra import compose, initialize_config_dir
@@ -75,7 +78,7 @@ def command_line_mistake(conf: Path, config_name: str, argv: list[str]) -> str |
     if overrides is None:
         return None
     name = args.config_name or config_name
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"), composing_without_torch():
         try:
             cfg = compose(config_name=name, overrides=overrides, return_hydra_config=True)
         except MissingConfigException as e:
@@ -92,7 +95,8 @@ def command_line_mistake(conf: Path, config_name: str, argv: list[str]) -> str |
             return _unknown_key_message(key, cfg)
         except Exception:  # noqa: BLE001 - not a mistake this check knows: Hydra reports it as before
             return None
-    mistake = _search_space_mistake(cfg) or output_dir_mistake(cfg, name, multirun=args.multirun)
+    mistake = (_search_space_mistake(cfg) or output_dir_mistake(cfg, name, multirun=args.multirun)
+               or handed_file_mistake(cfg, name))
     if mistake:
         return mistake
     # the values' types and ranges, as the command's preflight checks them first (where=(): none for this command)
@@ -150,6 +154,32 @@ def output_dir_mistake(cfg: DictConfig, config_name: str, *, multirun: bool = Fa
     except ConfigError as e:
         return str(e)
     return None
+
+
+def handed_file_mistake(cfg: DictConfig, config_name: str) -> str | None:
+    """What the command line names that its first bytes or its place already refuse, as the command's body
+    words it, before torch loads: predict's ``out=`` file (checked there before the checkpoint is read), then a
+    ``ckpt_path=`` file that is empty or no checkpoint at all (a text file: ``vitpipe.run.safeload``). Plain
+    values only; a run directory, ``last`` and everything needing torch.load are the command's own checks."""
+    try:
+        if config_name == "predict" and _plain(cfg, "out"):
+            check_out(cfg.out)
+        if _plain(cfg, "ckpt_path") and "://" not in str(cfg.ckpt_path):
+            path = Path(str(cfg.ckpt_path)).expanduser()
+            why = not_a_checkpoint(path) if path.is_file() else None
+            if why:
+                return f"cannot read checkpoint {path}: {why}"
+    except ConfigError as e:
+        return str(e)
+    except OSError:  # unreadable: the command's own read words it
+        return None
+    return None
+
+
+def _plain(cfg: DictConfig, key: str) -> bool:
+    """``cfg.key`` is set to a plain value (not missing, not an interpolation): reading it resolves nothing."""
+    return (key in cfg.keys() and not OmegaConf.is_missing(cfg, key)  # noqa: SIM118 - `in cfg` would resolve
+            and not OmegaConf.is_interpolation(cfg, key) and cfg[key] is not None)
 
 
 def _output_dir(cfg: DictConfig, key: str) -> str | None:
