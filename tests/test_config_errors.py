@@ -192,6 +192,8 @@ EARLY = [  # (command, its command line, the start of its one line): each answer
     # experiment's model values over ${variant:...}): OmegaConf's merge dereferences what it merges over
     ("train", ["debug=fast", "logger=none", "data.batch_size=abc"], "data.batch_size='abc' must be a positive integer"),
     ("train", ["experiment=fmnist_vit", "seed=-5"], "seed=-5 must be an integer in [0, 4294967295]"),
+    # a rule across keys, both written plainly: the README's example (data.num_classes is digits' 10)
+    ("train", ["model.num_classes=7"], "model.num_classes=7 does not match data.num_classes=10; drop the"),
     ("eval", ["ckpt_path=last", "seed=abc"], "seed='abc' must be an integer in [0, 4294967295]"),
     ("doctor", ["model=vit_micro", "model.drop_rate=3"], "model.drop_rate=3 must be in [0, 1)"),
 ]

@@ -199,6 +199,14 @@ def dry_build_optimizer(cfg: DictConfig) -> None:
             raise ConfigError(f"module.scheduler: {_first_line(e)}") from None
 
 
+def check_class_counts(model_n, data_n) -> None:
+    """``model.num_classes`` follows ``data.num_classes`` unless overridden; an override that differs is one line
+    (the preflight's rule, and the command line's where both are written plainly)."""
+    if model_n is not None and data_n is not None and model_n != data_n:
+        raise ConfigError(f"model.num_classes={model_n} does not match data.num_classes={data_n}; "
+                          f"drop the model.num_classes override (it follows the data) or fix data.num_classes")
+
+
 def check_wandb_login(cfg: DictConfig) -> None:
     """ConfigError when a wandb logger would run online without credentials: wandb.init would fail
     only once fit starts, in a 40-line traceback. Credentials are looked up as wandb.init does

@@ -32,6 +32,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from vitpipe.config.checks import (
     check_arguments,
+    check_class_counts,
     check_precompute,
     check_teacher_file,
     check_wandb_login,
@@ -70,11 +71,7 @@ def check_config(cfg: DictConfig) -> None:
         model_n, data_n = cfg.model.get("num_classes"), cfg.data.get("num_classes")
     except MissingMandatoryValue as e:
         raise ConfigError(f"{e.full_key} must be set on the command line, e.g. {e.full_key}=10") from None
-    if model_n is not None and data_n is not None and model_n != data_n:
-        raise ConfigError(
-            f"model.num_classes={model_n} does not match data.num_classes={data_n}; "
-            f"drop the model.num_classes override (it follows the data) or fix data.num_classes"
-        )
+    check_class_counts(model_n, data_n)
 
 
 def _train(cfg: DictConfig) -> None:

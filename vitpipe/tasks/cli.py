@@ -21,7 +21,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
-from vitpipe.config.checks import check_wandb_login, did_you_mean
+from vitpipe.config.checks import check_class_counts, check_wandb_login, did_you_mean
 from vitpipe.config.options import check_out
 from vitpipe.config.resolvers import composing_without_torch
 from vitpipe.config.schema import ENTRY_SCHEMAS, check_schema
@@ -62,9 +62,10 @@ def command_line_mistake(conf: Path, config_name: str, argv: list[str]) -> str |
     None: an override naming a key the config lacks (``trainer.max_epoch=3``, with the closest valid
     key) or an option its group lacks (``model=vit_b61``), a value of the wrong type or out of range
     (``data.batch_size=abc``: ``vitpipe.config.schema``), a logger that cannot start (``logger=wandb``
-    without a login) and a handed file that its first bytes refuse (``handed_file_mistake``). The overrides are composed once with Hydra's compose API, nothing resolved; in
-    a multirun, the first job's. Whatever this cannot judge (Hydra's own flags,
-    sweeps other than lists and ranges, other errors) is left to Hydra to report as before."""
+    without a login), a class count that differs from the data's (``model.num_classes=7``) and a handed file
+    that its first bytes refuse (``handed_file_mistake``). The overrides are composed once with Hydra's
+    compose API, nothing resolved; in a multirun, the first job's. Whatever this cannot judge (Hydra's own
+    flags, sweeps other than lists and ranges, other errors) is left to Hydra to report as before."""
     from hydra import compose, initialize_config_dir
     from hydra._internal.utils import get_args_parser  # the parser @hydra.main itself uses
     from hydra.core.global_hydra import GlobalHydra
@@ -101,7 +102,7 @@ def command_line_mistake(conf: Path, config_name: str, argv: list[str]) -> str |
         return mistake
     # the values' types and ranges, as the command's preflight checks them first (where=(): none for this command)
     values = functools.partial(check_schema, where=ENTRY_SCHEMAS.get(name, ()), plain_only=True)
-    for check in (values, check_wandb_login):
+    for check in (values, check_wandb_login, _class_counts):
         try:
             check(cfg)
         except ConfigError as e:
@@ -174,6 +175,15 @@ def handed_file_mistake(cfg: DictConfig, config_name: str) -> str | None:
     except OSError:  # unreadable: the command's own read words it
         return None
     return None
+
+
+def _class_counts(cfg: DictConfig) -> None:
+    """The model's class count against the data's, where both are written plainly (``model.num_classes=7``
+    on digits' 10): the preflight's rule and line."""
+    model, data = cfg.get("model"), cfg.get("data")
+    if isinstance(model, DictConfig) and isinstance(data, DictConfig) and _plain(model, "num_classes") \
+            and _plain(data, "num_classes"):
+        check_class_counts(model.num_classes, data.num_classes)
 
 
 def _plain(cfg: DictConfig, key: str) -> bool:
