@@ -164,6 +164,13 @@ FINITE_GROUPS = ("model", "data", "module", "trainer", "lr_scaling")
 ENTRY_SCHEMAS: dict[str, tuple[str, ...] | None] = {"train": None, "eval": ("",), "doctor": ("", "model")}
 
 
+def written_plainly(node: DictConfig, key: str) -> bool:
+    """``node.key`` is set to a plain value, not missing and not an interpolation: reading it resolves
+    nothing (``key in node`` would: it resolves the value)."""
+    return (key in node.keys() and not OmegaConf.is_missing(node, key)  # noqa: SIM118
+            and not OmegaConf.is_interpolation(node, key))
+
+
 def check_schema(cfg: DictConfig, where: tuple[str, ...] | None = None, *, plain_only: bool = False) -> None:
     """Every ``SCHEMAS`` field the config has (only those at ``where``, e.g. ``("",)`` for the seed of an
     eval config), then ``module.mixup``, then no NaN or infinity in ``FINITE_GROUPS`` (all of them only when
@@ -179,11 +186,9 @@ def check_schema(cfg: DictConfig, where: tuple[str, ...] | None = None, *, plain
         if not isinstance(node, DictConfig):
             continue
         for f in fields(schema):
-            if plain_only:  # `in` would resolve the value
-                if (f.name not in node.keys() or OmegaConf.is_missing(node, f.name)  # noqa: SIM118
-                        or OmegaConf.is_interpolation(node, f.name)):
-                    continue
-            elif f.name not in node:
+            if plain_only and not written_plainly(node, f.name):
+                continue
+            if not plain_only and f.name not in node:
                 continue
             value = node[f.name]
             if isinstance(value, (DictConfig, ListConfig)):

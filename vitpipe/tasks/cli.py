@@ -24,7 +24,7 @@ from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 from vitpipe.config.checks import check_class_counts, check_wandb_login, did_you_mean
 from vitpipe.config.options import check_out
 from vitpipe.config.resolvers import composing_without_torch
-from vitpipe.config.schema import ENTRY_SCHEMAS, check_schema
+from vitpipe.config.schema import ENTRY_SCHEMAS, check_schema, written_plainly
 from vitpipe.config.shipped import CONF_DIR, CONFIG_PATH
 from vitpipe.errors import ConfigError
 from vitpipe.run.files import DiskFullError, disk_full_cause, remove_stale_temps_below
@@ -187,9 +187,8 @@ def _class_counts(cfg: DictConfig) -> None:
 
 
 def _plain(cfg: DictConfig, key: str) -> bool:
-    """``cfg.key`` is set to a plain value (not missing, not an interpolation): reading it resolves nothing."""
-    return (key in cfg.keys() and not OmegaConf.is_missing(cfg, key)  # noqa: SIM118 - `in cfg` would resolve
-            and not OmegaConf.is_interpolation(cfg, key) and cfg[key] is not None)
+    """``cfg.key`` is written plainly (``vitpipe.config.schema.written_plainly``) and not null."""
+    return written_plainly(cfg, key) and cfg[key] is not None
 
 
 def _output_dir(cfg: DictConfig, key: str) -> str | None:
