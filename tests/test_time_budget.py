@@ -24,7 +24,7 @@ from omegaconf import open_dict
 from vitpipe.config.duration import format_duration, parse_duration
 from vitpipe.config.preflight import preflight
 from vitpipe.errors import ConfigError
-from vitpipe.lit.time_budget import TrainingClock, _steps_that_fit
+from vitpipe.lit.time_budget import REFITS, TrainingClock, _steps_that_fit
 from vitpipe.tasks.cli import run_cli
 from vitpipe.tasks.train import train
 
@@ -182,7 +182,12 @@ def test_a_slowed_run_ends_within_its_budget_with_the_schedule_at_its_end(cfg_fa
     assert 0.04 < step_s < 0.2  # the pace's 0.04 s sleep and the step itself
     saved = torch.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["global_step"] == metrics["time/planned_steps"]  # stopped at the planned step
-    assert abs(saved["global_step"] - steps) <= 0.2 * steps  # the epoch-end refits moved the plan a little
+    # the first plan fills the budget at the pace it timed, less start-up, validations, test and reserve; how
+    # close it lands to the final count depends on how quiet the machine was for those ten steps (a CI run
+    # timed them 25% slow: 163 planned, 202 run), so the refits, not that window, must set where the run ends
+    assert 0.7 * BUDGET < steps * step_s < BUDGET
+    state = next(v for k, v in saved["callbacks"].items() if "TrainingClock" in k)
+    assert state["fits"] >= REFITS // 2 and state["total"] == saved["global_step"]
     assert re.search(r"time budget 15 s: used 1\d s \(\d+%\), \d+ steps, final learning-rate progress 1.000", out)
 
 
