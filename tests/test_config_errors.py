@@ -251,6 +251,33 @@ def test_a_handed_file_refused_by_its_first_bytes_is_its_line_before_torch_loads
     assert sorted(p.name for p in tmp_path.iterdir()) == ["files"]  # no run directory, no outputs folder
 
 
+@pytest.mark.parametrize("command", ["predict", "train"])
+def test_a_zip_bomb_on_the_command_line_is_its_line_before_torch_loads(tmp_path, command):
+    """``predict.py ckpt_path=<bomb>`` and ``train.py model.pretrained=<bomb>``: the archive's directory alone
+    declares more than its size allows, so the command line's check refuses it with the readers' own line
+    (``safeload.check_archive``), before torch loads: nothing inflates, not even torch's imports."""
+    import subprocess
+    import sys
+
+    from test_checkpoint_seams import make_bomb
+
+    from vitpipe.run.safeload import check_archive
+
+    (tmp_path / "files").mkdir()
+    bomb = make_bomb(tmp_path / "files" / "bomb.ckpt", 64 << 20)
+    argv, what = ((["ckpt_path=" + str(bomb), f"images={bomb.parent}"], "checkpoint") if command == "predict" else
+                  (["debug=fast", "logger=none", f"model.pretrained={bomb}"], "weights file"))
+    with pytest.raises(ConfigError) as e:
+        check_archive(bomb, what=what)
+    code = (f"import sys\nfrom vitpipe.commands import run\ntry:\n    run({command!r}, {argv!r})\n"
+            "except SystemExit as e:\n    print('exit', e.code, sorted(m for m in ('torch', 'lightning', 'timm') "
+            "if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "exit 2 []", (r.stdout, r.stderr[-2000:])
+    assert _vitpipe_lines(r.stderr) == [f"vitpipe: error: {e.value}"] and "declare" in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["files"]  # no run directory, no outputs folder
+
+
 def test_a_valid_command_line_is_checked_without_torch(tmp_path):
     """The check of a valid command line resolves nothing (a model's ``${variant:...}`` values would import
     the model code; so would asking ``key in node``) and passes: the run's own preflight checks the resolved

@@ -29,7 +29,7 @@ from vitpipe.config.shipped import CONF_DIR, CONFIG_PATH
 from vitpipe.errors import ConfigError
 from vitpipe.run.files import DiskFullError, disk_full_cause, remove_stale_temps_below
 from vitpipe.run.outputs import check_not_input, check_writable, name_too_long, named_checkpoint_inputs
-from vitpipe.run.safeload import not_a_checkpoint
+from vitpipe.run.safeload import check_archive, not_a_checkpoint
 
 EXIT_CONFIG, EXIT_NONFINITE, EXIT_DISK_FULL = 2, 3, 74
 
@@ -160,16 +160,25 @@ def output_dir_mistake(cfg: DictConfig, config_name: str, *, multirun: bool = Fa
 def handed_file_mistake(cfg: DictConfig, config_name: str) -> str | None:
     """What the command line names that its first bytes or its place already refuse, as the command's body
     words it, before torch loads: predict's ``out=`` file (checked there before the checkpoint is read), then a
-    ``ckpt_path=`` file that is empty or no checkpoint at all (a text file: ``vitpipe.run.safeload``). Plain
-    values only; a run directory, ``last`` and everything needing torch.load are the command's own checks."""
+    ``ckpt_path=`` file that is empty or no checkpoint at all (a text file), and a ``ckpt_path=`` or
+    ``model.pretrained=`` archive whose records declare more than its size allows (a zip bomb: read from the
+    zip's directory alone, ``vitpipe.run.safeload``). Plain values only; a run directory, ``last`` and
+    everything needing torch.load are the command's own checks."""
     try:
         if config_name == "predict" and _plain(cfg, "out"):
             check_out(cfg.out)
         if _plain(cfg, "ckpt_path") and "://" not in str(cfg.ckpt_path):
             path = Path(str(cfg.ckpt_path)).expanduser()
-            why = not_a_checkpoint(path) if path.is_file() else None
-            if why:
-                return f"cannot read checkpoint {path}: {why}"
+            if path.is_file():
+                why = not_a_checkpoint(path)
+                if why:
+                    return f"cannot read checkpoint {path}: {why}"
+                check_archive(path)  # as safe_torch_load words it for every reader of a checkpoint
+        model = cfg.get("model")
+        if isinstance(model, DictConfig) and _plain(model, "pretrained") and isinstance(model.pretrained, str):
+            path = Path(model.pretrained)  # as vitpipe.models.weights reads it
+            if path.is_file() and path.suffix != ".safetensors":
+                check_archive(path, what="weights file")
     except ConfigError as e:
         return str(e)
     except OSError:  # unreadable: the command's own read words it
