@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -99,6 +100,59 @@ def test_pretrained_offline_without_cache_fails_in_one_line(tmp_path):
     assert f"could not fetch timm weights '{TI_NAME}'" in line
     assert f"hf download timm/{TI_NAME}" in line and f"models--timm--{TI_NAME}" in line  # way 1: the cache
     assert "model.pretrained=/path/to/model.safetensors" in line  # way 2: a file
+    assert not (tmp_path / "run").exists()  # the command line's check: no run directory was made
+
+
+@pytest.mark.parametrize("network", ["offline", "unreachable"])
+def test_pretrained_true_without_the_weights_is_the_runs_own_line_before_torch_loads(tmp_path, network, monkeypatch):
+    """The command line answers ``model.pretrained=true`` with the line the model's loader gives, before torch
+    and timm load (``vitpipe.tasks.cli.pretrained_mistake``): HF_HUB_OFFLINE with an empty cache, and no
+    HF_HUB_OFFLINE with the Hub unreachable (one request). The loader's own line, in process and after timm
+    has read its pretrained config, is the same but for the reason in parentheses."""
+    env = offline_env(tmp_path / "empty_hf") if network == "offline" else online_env(tmp_path / "empty_hf")
+    code = ("import sys\nfrom vitpipe.commands import run\ntry:\n    run('train', ['model=vit_ti16', "
+            "'model.pretrained=true', 'logger=none', 'hydra.run.dir=run'])\nexcept SystemExit as e:\n"
+            "    print('exit', e.code, sorted(m for m in ('torch', 'lightning', 'timm') if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.stdout.strip() == "exit 2 []", (r.stdout, r.stderr[-2000:])
+    (line,) = [line for line in r.stderr.splitlines() if line.startswith("vitpipe:")]
+    why = re.search(r"\(([^():]+): offline, and not in the Hugging Face cache", line).group(1)
+    assert why == "HF_HUB_OFFLINE is set" if network == "offline" else why.isidentifier(), line  # the error's name
+    from huggingface_hub import constants
+
+    from vitpipe.models.hub import offline_weights_message
+    from vitpipe.models.weights import _timm_hub_files
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty_hf" / "hub"))  # the command's HF_HOME
+    assert line == f"vitpipe: error: model: {offline_weights_message(TI_NAME, _timm_hub_files(TI_NAME)[0], why)}"
+    assert not (tmp_path / "run").exists()  # no run directory
+
+
+def test_the_loaders_own_line_offline_is_the_command_lines(tmp_path, monkeypatch):
+    """In process, past the command line (``vitpipe.create_model`` from Python): the same line, from timm's
+    pretrained config, before timm is asked to download."""
+    from huggingface_hub import constants
+
+    import vitpipe
+    from vitpipe.models.hub import offline_weights_message
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ConfigError) as e:
+        vitpipe.create_model("vit_ti16", pretrained=True)
+    assert str(e.value) == offline_weights_message(TI_NAME, f"timm/{TI_NAME}", "HF_HUB_OFFLINE is set")
+
+
+def test_the_variant_tables_hub_files_are_what_timm_downloads():
+    """The command line's check reads the weights' repository and files from the variant table without timm
+    (``vitpipe.models.hub.variant_hub_files``); the loader asks timm's pretrained config. Equal for every
+    variant with timm weights."""
+    from vitpipe.models.hub import variant_hub_files
+    from vitpipe.models.weights import _timm_hub_files
+
+    assert TIMM_NAMES and all(variant_hub_files(n) == _timm_hub_files(n) for n in TIMM_NAMES.values()), \
+        {n: (variant_hub_files(n), _timm_hub_files(n)) for n in TIMM_NAMES.values()}
 
 
 def online_env(home: Path) -> dict[str, str]:

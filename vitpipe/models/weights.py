@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from vitpipe.errors import ConfigError
+from vitpipe.models.hub import cached_or_reachable, offline_weights_message
 from vitpipe.models.lora import merge_lora_state_dict
 from vitpipe.models.timm_compat import timm_to_vitpipe
 from vitpipe.models.vit import ViT
@@ -62,67 +63,31 @@ def _timm_hub_state_dict(name: str) -> tuple[dict[str, Tensor], int]:
 
     if not timm.is_model(name.split(".")[0]):
         raise ConfigError(f"pretrained={name!r} is neither an existing weights file nor a timm model name")
-    try:
-        tm = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=_cached_hub_weights(name))
+    hub = _timm_hub_files(name)
+    try:  # where the cache holds the weights, timm reads that file and does not ask the Hub first
+        cached = cached_or_reachable(name, *hub) if hub else None
+        tm = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": cached} if cached else None)
     except ConfigError:
         raise
     except Exception as e:
-        raise ConfigError(offline_weights_message(name, e)) from e
+        raise ConfigError(offline_weights_message(name, hub[0] if hub else f"timm/{name}", type(e).__name__)) from e
     return tm.state_dict(), (0 if tm.no_embed_class else tm.num_prefix_tokens)
 
 
-def _cached_hub_weights(name: str) -> dict | None:
-    """Where timm should read ``name``'s Hugging Face weights so that a missing network costs nothing:
-    ``{"file": <path>}`` when the cache holds them (timm would otherwise ask the Hub first); None to
-    let timm download. With the cache empty and the Hub unreachable, ConfigError after one request:
-    huggingface_hub would retry with backoff for about 25 s per file and log every attempt."""
-    from huggingface_hub import (
-        constants,
-        get_hf_file_metadata,
-        hf_hub_url,
-        try_to_load_from_cache,
-    )
-    from huggingface_hub.utils import HfHubHTTPError
+def _timm_hub_files(name: str) -> tuple[str, str | None, list[str]] | None:
+    """(repository, revision, files in timm's order) of timm model ``name``'s Hugging Face weights; None
+    where timm does not download them from the Hub (a url, or a file timm was already told about)."""
     from timm.models import get_pretrained_cfg
     from timm.models._hub import _get_safe_alternatives, hf_split
 
     cfg = get_pretrained_cfg(name)
     if cfg is None or not cfg.hf_hub_id or cfg.file or cfg.state_dict or cfg.source not in (None, "", "hf-hub"):
-        return None  # not a Hub download (a url, or a file timm was already told about)
+        return None
     # timm's private helpers on purpose: its revision syntax (repo@rev) and its file order (safetensors
-    # first) have no public API, and this lookup must ask the cache for exactly what timm would download
+    # first) have no public API, and the cache must be asked for exactly what timm would download
     repo, revision = hf_split(cfg.hf_hub_id)
     wanted = cfg.hf_hub_filename or "pytorch_model.bin"
-    files = [*_get_safe_alternatives(wanted), wanted]  # timm's order: safetensors first
-    for filename in files:
-        cached = try_to_load_from_cache(repo, filename, revision=revision)
-        if isinstance(cached, str):
-            return {"file": cached}
-    if constants.HF_HUB_OFFLINE:
-        return None  # timm fails at once, without the network
-    try:
-        get_hf_file_metadata(hf_hub_url(repo, files[0], revision=revision))  # one request, no retries
-    except HfHubHTTPError:
-        pass  # the Hub answered (e.g. no such file: timm tries the others)
-    except Exception as e:  # noqa: BLE001 - no answer at all: DNS, refused, timeout, proxy
-        raise ConfigError(offline_weights_message(name, e)) from None
-    return None
-
-
-def offline_weights_message(name: str, err: BaseException) -> str:
-    """One line: which weights could not be fetched and the two ways to place them by hand."""
-    from huggingface_hub.constants import HF_HUB_CACHE
-    from timm.models import get_pretrained_cfg
-
-    cfg = get_pretrained_cfg(name)
-    repo = getattr(cfg, "hf_hub_id", None) or f"timm/{name}"
-    return (
-        f"could not fetch timm weights {name!r} ({type(err).__name__}: offline, and not in the Hugging Face "
-        f"cache {HF_HUB_CACHE}). Either run `hf download {repo}` on a connected machine and copy its "
-        f"hub/models--{repo.replace('/', '--')} folder into that cache (HF_HOME sets where; HF_HUB_OFFLINE=1 "
-        f"skips the network), or download model.safetensors from https://huggingface.co/{repo} and pass "
-        f"model.pretrained=/path/to/model.safetensors"
-    )
+    return repo, revision, [*_get_safe_alternatives(wanted), wanted]
 
 
 def load_pretrained(model: ViT, source: str | Path, *, head: bool = True) -> ViT:

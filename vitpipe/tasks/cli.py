@@ -97,7 +97,7 @@ def command_line_mistake(conf: Path, config_name: str, argv: list[str]) -> str |
         except Exception:  # noqa: BLE001 - not a mistake this check knows: Hydra reports it as before
             return None
     mistake = (_search_space_mistake(cfg) or output_dir_mistake(cfg, name, multirun=args.multirun)
-               or handed_file_mistake(cfg, name))
+               or handed_file_mistake(cfg, name) or pretrained_mistake(cfg))
     if mistake:
         return mistake
     # the values' types and ranges, as the command's preflight checks them first (where=(): none for this command)
@@ -183,6 +183,26 @@ def handed_file_mistake(cfg: DictConfig, config_name: str) -> str | None:
         return str(e)
     except OSError:  # unreadable: the command's own read words it
         return None
+    return None
+
+
+def pretrained_mistake(cfg: DictConfig) -> str | None:
+    """``model.pretrained=true`` on a variant with timm weights (``model=vit_ti16``) whose weights the Hugging
+    Face cache lacks while the Hub cannot be asked (HF_HUB_OFFLINE, or no answer to one request): the line
+    the model's loader gives (``vitpipe.models.hub``), before torch and timm load. Plain values only."""
+    from vitpipe.models.hub import cached_or_reachable, variant_hub_files
+    from vitpipe.models.variants import TIMM_NAMES
+
+    model = cfg.get("model")
+    if not (isinstance(model, DictConfig) and _plain(model, "_target_") and model._target_ == "vitpipe.create_model"
+            and _plain(model, "pretrained") and model.pretrained is True and _plain(model, "name")
+            and model.name in TIMM_NAMES):
+        return None
+    timm_name = TIMM_NAMES[model.name]
+    try:
+        cached_or_reachable(timm_name, *variant_hub_files(timm_name))
+    except ConfigError as e:
+        return f"model: {e}"  # as the run words it (instantiate_checked names the config node)
     return None
 
 
